@@ -1,0 +1,292 @@
+"""What happens when a run hangs: stacks from every rank, and a diagnosis that says where.
+
+Stacks come from ``faulthandler`` in each rank, dumped on SIGUSR1 from inside the signal
+handler, so a rank stuck in native code (a gloo wait, ``time.sleep``, a lock) or spinning in
+Python answers alike. Where each rank is comes from its recorded events: the hook or
+instrumented call it is in, the collective it waits in, and which members never entered
+that collective. The stuck line of user code is the innermost frame outside torch, the
+standard library, pytest and this plugin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import linecache
+import os
+import re
+import signal
+import sysconfig
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .recorder import collectives, events
+
+if TYPE_CHECKING:
+    from .launch.job import Job
+    from .launch.run import RunReport
+    from .recorder.timeline import Span, Timeline
+
+_THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+@dataclass
+class Frame:
+    path: str
+    line: int
+    function: str
+
+    def source(self) -> str:
+        return linecache.getline(self.path, self.line).strip()
+
+
+@dataclass
+class ThreadStack:
+    ident: int
+    current: bool
+    frames: list[Frame] = field(default_factory=list)  # innermost first, as faulthandler writes
+
+
+@dataclass
+class Stacks:
+    threads: list[ThreadStack] = field(default_factory=list)
+    raw: str = ""
+
+
+def parse_stacks(text: str) -> Stacks:
+    out = Stacks(raw=text)
+    thread: ThreadStack | None = None
+    for line in text.splitlines():
+        m = _THREAD.match(line)
+        if m:
+            thread = ThreadStack(int(m.group(2), 16), m.group(1) == "Current thread")
+            out.threads.append(thread)
+            continue
+        m = _FRAME.match(line)
+        if m and thread is not None:
+            thread.frames.append(Frame(m.group(1), int(m.group(2)), m.group(3)))
+    return out
+
+
+def collect_stacks(live: Mapping[int, int], job: Job, wait: float = 1.0) -> dict[int, Stacks]:
+    """Ask each live rank (rank -> pid) for its stacks; read them once they stop growing."""
+    paths = {rank: job.path(rank, "stacks") for rank in live}
+    for path in paths.values():
+        with contextlib.suppress(OSError):
+            os.truncate(path, 0)
+    for pid in live.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + wait
+    sizes: dict[int, int] = {}
+    steady: set[int] = set()
+    while len(steady) < len(paths) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        for rank, path in paths.items():
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                size = 0
+            if size and sizes.get(rank) == size:
+                steady.add(rank)
+            sizes[rank] = size
+    out = {}
+    for rank, path in paths.items():
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                out[rank] = parse_stacks(f.read())
+        except FileNotFoundError:
+            out[rank] = Stacks()
+    return out
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = [os.path.dirname(os.path.abspath(__file__))]
+    for name in ("torch", "_pytest", "pluggy", "pytest", "pytest_timeout", "xdist", "execnet"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            roots.extend(os.path.abspath(p) for p in spec.submodule_search_locations)
+        elif spec is not None and spec.origin:
+            roots.append(os.path.abspath(spec.origin))
+    paths = sysconfig.get_paths()
+    roots.append(os.path.abspath(paths["stdlib"]))
+    return tuple(roots)
+
+
+_ROOTS: tuple[str, ...] | None = None
+
+
+def is_library(path: str) -> bool:
+    global _ROOTS
+    if _ROOTS is None:
+        _ROOTS = _library_roots()
+    if path.startswith("<"):
+        return True
+    full = os.path.abspath(path)
+    return any(full == root or full.startswith(root + os.sep) for root in _ROOTS)
+
+
+_HARNESS_BOUNDARY = (
+    (os.path.join("_pytest", "python.py"), "pytest_pyfunc_call"),
+    (os.path.join("pytest_ddphooks", "launch", "rank.py"), "rank_main"),
+)
+_HIDDEN = os.path.join("pytest_ddphooks", "recorder") + os.sep
+
+
+def trim_harness(frames: list[Frame]) -> list[Frame]:
+    """The frames of the test itself: drop the launcher and pytest below the test function,
+    and the recorder's wrappers around torch.distributed calls."""
+    for i, frame in enumerate(frames):
+        if any(frame.path.endswith(path) and frame.function == fn for path, fn in _HARNESS_BOUNDARY):
+            frames = frames[:i]
+            break
+    return [f for f in frames if _HIDDEN not in f.path]
+
+
+def user_frame(stack: ThreadStack) -> Frame | None:
+    """The innermost frame of user code: where the rank is stuck, as the user wrote it."""
+    for frame in stack.frames:
+        if not is_library(frame.path):
+            return frame
+    return None
+
+
+def format_stack(stack: ThreadStack, name: str) -> list[str]:
+    lines = [f"{name} (most recent call last):"]
+    for frame in reversed(trim_harness(stack.frames)):
+        lines.append(f'  File "{_rel(frame.path)}", line {frame.line}, in {frame.function}')
+        src = frame.source()
+        if src:
+            lines.append(f"    {src}")
+    return lines
+
+
+def _seconds(ns: int) -> str:
+    return f"{ns / 1e9:.1f} s"
+
+
+def _main_stack(stacks: Stacks | None, main_ident: int | None) -> ThreadStack | None:
+    if stacks is None or not stacks.threads:
+        return None
+    for t in stacks.threads:
+        if main_ident is not None and t.ident == main_ident:
+            return t
+    return stacks.threads[-1]
+
+
+def _open_collective(spans: list[Span]) -> Span | None:
+    for s in reversed(spans):
+        if s.kind in (events.COLLECTIVE, events.P2P) and s.start.lane == 0:
+            return s
+    return None
+
+
+def _hooks(spans: list[Span]) -> str:
+    names = [s.start.info.get("qualname") or s.name for s in spans if s.kind in (events.CALL, events.BARRIER)]
+    return " > ".join(str(n) for n in names)
+
+
+def _rel(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def rank_status(report: RunReport, rank: int, now_ns: int) -> list[str]:
+    """Where one rank is: finished, stuck in a collective (and who never came), or running."""
+    timeline = report.timeline
+    result = report.results.get(rank)
+    if result is not None:
+        waited = ", then waited for the other ranks" if rank in report.stopped else ""
+        return [f"rank {rank}: finished the test body ({result.outcome}){waited}"]
+    if rank not in report.stopped:
+        ex = report.exits.get(rank)
+        return [f"rank {rank}: died ({ex.describe() if ex else 'no exit status'})"]
+    spans = timeline.open_spans(rank) if timeline is not None else []
+    hooks = _hooks(spans)
+    where = f", in {hooks}" if hooks else ""
+    blocked = _open_collective(spans)
+    stack = _main_stack(report.stacks.get(rank), report.thread_idents.get((rank, 0)))
+    frame = user_frame(stack) if stack is not None else None
+    head = f"rank {rank}: " if report.timed_out else f"rank {rank}: {report.stopped[rank]}; it was "
+    lines = []
+    if blocked is not None:
+        info = blocked.start.info
+        op = info.get("op", blocked.name)
+        waited = _seconds(max(now_ns - blocked.start.t_ns, 0))
+        if blocked.kind == events.P2P:
+            peer = info.get("dst") if info.get("sync") == collectives.SEND else info.get("src")
+            lines.append(f"{head}blocked in {op} (peer {peer}) for {waited}{where}")
+        elif not info.get("effective", True):
+            lines.append(f"{head}blocked in {op} without a process group for {waited}{where}")
+        else:
+            label = collectives.group_label(str(info.get("group")), info.get("ranks"))
+            lines.append(f"{head}blocked in {op} #{info.get('seq')} on {label} for {waited}{where}")
+            if timeline is not None:
+                inst = timeline.instances.get(("c", info.get("group"), info.get("seq")))
+                if inst is not None:
+                    missing = [m for m in inst.members if m not in inst.starts]
+                    if missing:
+                        who = ", ".join(str(m) for m in missing)
+                        lines.append(f"  ranks that never entered {op} #{info.get('seq')}: {who}")
+    else:
+        lines.append(f"{head}{'still running' if report.timed_out else 'running'}{where}")
+    if frame is not None:
+        verb = "stuck at" if report.timed_out else "at"
+        lines.append(f"  {verb} {_rel(frame.path)}:{frame.line} in {frame.function}: {frame.source()}")
+    return lines
+
+
+def fatal_error(stderr: str) -> list[str]:
+    """A rank's "Fatal Python error" (SIGSEGV and the like), with the test's frames only."""
+    at = stderr.find("Fatal Python error:")
+    if at < 0:
+        return []
+    block = stderr[at:]
+    first = block.splitlines()[0]
+    stacks = parse_stacks(block)
+    lines = [first]
+    for t in stacks.threads:
+        if t.current or len(stacks.threads) == 1:
+            lines.extend(format_stack(t, "in the thread that crashed"))
+    return lines
+
+
+def diagnose(report: RunReport) -> list[str]:
+    """The lines a hang report opens with: the limit, then where every rank is."""
+    job = report.job
+    now = report.stopped_at_ns or time.time_ns()
+    lines = [f"hang: the test did not finish within {job.timeout:g} s ({job.world_size} ranks)"]
+    for rank in range(job.world_size):
+        lines.extend("  " + line for line in rank_status(report, rank, now))
+    return lines
+
+
+def stack_sections(report: RunReport) -> list[str]:
+    """Every stopped rank's Python stacks, all threads, main thread first."""
+    lines: list[str] = []
+    timeline: Timeline | None = report.timeline
+    for rank in sorted(report.stacks):
+        if rank in report.results:
+            continue  # it had finished the body: its stack is the harness waiting
+        stacks = report.stacks[rank]
+        lines.append("")
+        if not stacks.threads:
+            lines.append(f"rank {rank}: no stack (the rank did not answer)")
+            continue
+        main = report.thread_idents.get((rank, 0))
+        ordered = sorted(stacks.threads, key=lambda t: t.ident != main)
+        names = {}
+        if timeline is not None:
+            for (r, lane), ident in report.thread_idents.items():
+                if r == rank:
+                    names[ident] = timeline.lanes.get((r, lane), "")
+        for t in ordered:
+            label = names.get(t.ident) or ("MainThread" if t.ident == main else f"thread 0x{t.ident:x}")
+            lines.extend(format_stack(t, f"rank {rank} stack, {label}"))
+    return lines

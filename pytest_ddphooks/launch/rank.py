@@ -1,0 +1,196 @@
+"""The rank side: turn a freshly forked process into rank ``r`` of a run and run the body.
+
+Order matters: output and the stack-dump signal are set up first (so even a crash during
+set-up is reported), then the environment, the recorder (whose events go to a file as they
+happen), the run's store and, unless the test creates it itself, the process group.
+The result is written before the exit barrier, so nothing a rank found is lost when a peer
+dies while the others wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import io
+import itertools
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from ..recorder import Recorder
+from . import rendezvous, zygote
+from .job import Job, RankResult
+
+_keep: list[Any] = []  # files that must stay open for the signal handlers
+
+
+@dataclass
+class RankContext:
+    """What the body of a run knows about its rank."""
+
+    job: Job
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    recorder: Recorder
+    store: Any  # the run's own key-value store (a PrefixStore), for the harness
+
+
+def _redirect_output(job: Job, rank: int) -> None:
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(job.path(rank, "out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    err = os.open(job.path(rank, "err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for src, dst in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
+    sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin  # type: ignore[misc]
+    # the pytest process's log capture handlers were inherited; a rank logs like a process
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+
+
+def _arm_stack_dumps(job: Job, rank: int) -> None:
+    stacks = open(job.path(rank, "stacks"), "w")  # noqa: SIM115
+    _keep.append(stacks)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+
+
+def _apply_env(job: Job, rank: int, port: int) -> None:
+    os.environ.clear()
+    os.environ.update(job.env)
+    os.environ.update(rendezvous.rank_env(rank, job.world_size, job.nodes, port, job.test_id))
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    if "OMP_NUM_THREADS" not in job.env:
+        # as torchrun does: N ranks on few cores must not each start a thread per core
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(1)
+    with contextlib.suppress(OSError):
+        os.chdir(job.cwd)
+
+
+def _exchanger(store: Any, rank: int, world_size: int) -> Callable[[bytes], list[bytes]]:
+    counter = itertools.count(1)
+
+    def exchange(blob: bytes) -> list[bytes]:
+        k = next(counter)
+        store.set(f"timeline/{k}/{rank}", blob)
+        return [blob if r == rank else bytes(store.get(f"timeline/{k}/{r}")) for r in range(world_size)]
+
+    return exchange
+
+
+def _init_group(job: Job, rank: int, store: Any, group_timeout: float) -> None:
+    import torch.distributed as dist
+
+    kwargs: dict[str, Any] = {
+        "backend": job.backend,
+        "store": dist.PrefixStore("pg/", store),
+        "rank": rank,
+        "world_size": job.world_size,
+        "timeout": timedelta(seconds=group_timeout),
+    }
+    if job.backend == "nccl":
+        import torch
+
+        local = rank % job.local_world_size
+        torch.cuda.set_device(local)
+        kwargs["device_id"] = torch.device("cuda", local)
+    dist.init_process_group(**kwargs)
+
+
+def _kill_children() -> list[str]:
+    """Processes this rank started and left running: killed, and named for the report."""
+    found = []
+    for pid in zygote.descendants_of(os.getpid()):
+        found.append(f"pid {pid}: {zygote.command_line(pid)}")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return found
+
+
+def group_timeout(job: Job) -> float:
+    # longer than the test's limit, so the watchdog diagnoses a hang before gloo gives up
+    return job.group_timeout or job.timeout + 60.0
+
+
+def rank_main(
+    job: Job, rank: int, port: int, listener: Any, body: Callable[[RankContext], RankResult]
+) -> NoReturn:
+    started = time.monotonic()
+    zygote.prctl(zygote.PR_SET_PDEATHSIG, signal.SIGKILL)
+    store = None
+    result: RankResult
+    try:
+        _redirect_output(job, rank)
+        _arm_stack_dumps(job, rank)
+        _apply_env(job, rank, port)
+        recorder = Recorder(rank, job.world_size, event_file=job.path(rank, "events"))
+        limit = group_timeout(job)
+        raw_store = rendezvous.store(
+            rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit
+        )
+        if rank != 0:
+            zygote.retire(listener.fileno())
+        import torch.distributed as dist
+
+        store = dist.PrefixStore("ddphooks/", raw_store)
+        recorder._exchange = _exchanger(store, rank, job.world_size)
+        recorder.activate()
+        if job.init_process_group:
+            _init_group(job, rank, raw_store, limit)
+        local = job.local_world_size
+        ctx = RankContext(job, rank, job.world_size, rank % local, local, rank // local, recorder, store)
+        result = body(ctx)
+    except BaseException as exc:
+        result = RankResult(
+            rank,
+            "failed",
+            longrepr=traceback.format_exc(),
+            message=f"{type(exc).__name__}: {exc}",
+            harness_error=True,
+        )
+    result.duration = time.monotonic() - started
+    with contextlib.suppress(Exception):  # never lose the result over the leak check
+        result.leaks.extend(_kill_children())
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    result.write(job.path(rank, "result"))
+    if store is not None:
+        with contextlib.suppress(Exception):
+            _exit_barrier(store, rank, job.world_size, result.outcome == "failed", group_timeout(job))
+    os._exit(0)
+
+
+def _exit_barrier(store: Any, rank: int, world_size: int, failed: bool, timeout: float) -> None:
+    """A rank that passed stays until every rank is done: it keeps its connections open, so
+    a peer still waiting in a collective with it hangs visibly (and is diagnosed) instead
+    of erroring out on a closed socket. A failed rank leaves at once, which stops its peers
+    (rank 0 included: the store goes with it). Otherwise rank 0, which serves the store,
+    leaves after everyone else."""
+    store.set(f"exit/{rank}", b"1")
+    if failed:
+        return
+    wait = timedelta(seconds=timeout)
+    store.wait([f"exit/{r}" for r in range(world_size)], wait)
+    if rank == 0:
+        store.wait([f"left/{r}" for r in range(1, world_size)], wait)
+    else:
+        store.set(f"left/{rank}", b"1")

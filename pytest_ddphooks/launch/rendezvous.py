@@ -1,0 +1,79 @@
+"""Loopback-only rendezvous, private to one run.
+
+The launcher binds a listening socket on 127.0.0.1 port 0 and keeps it open; rank 0 hands
+its descriptor to a TCPStore (``master_listen_fd``), so the store never opens a port on
+another interface and no other run can take the port between choosing and binding it.
+Every rank, and code that initialises the group itself through ``env://``, connects to it
+as a client (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun). Gloo binds to ``lo``.
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+
+# Variables a launched rank sees, as torchrun sets them.
+DIST_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+
+
+def listener() -> socket.socket:
+    """A socket listening on 127.0.0.1 with a port the kernel chose; kept open."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LOOPBACK, 0))
+    sock.listen(256)
+    return sock
+
+
+def rank_env(rank: int, world_size: int, nodes: int, port: int, run_id: str) -> dict[str, str]:
+    local = world_size // nodes
+    node = rank // local
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank % local),
+        "LOCAL_WORLD_SIZE": str(local),
+        "NODE_RANK": str(node),
+        "GROUP_RANK": str(node),
+        "GROUP_WORLD_SIZE": str(nodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": LOOPBACK,
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+
+
+def store(rank: int, world_size: int, port: int, listen_fd: int | None, timeout: float) -> Any:
+    """The run's TCPStore: served by rank 0 from the launcher's socket, a client elsewhere."""
+    import torch.distributed as dist
+
+    wait = timedelta(seconds=timeout)
+    if rank == 0:
+        return dist.TCPStore(
+            LOOPBACK, port, world_size, True, wait, wait_for_workers=False, master_listen_fd=listen_fd
+        )
+    return dist.TCPStore(LOOPBACK, port, world_size, False, wait)

@@ -1,0 +1,412 @@
+"""pytest hooks of pytest-ddphooks: options, markers, fixtures, wrapping multirank items.
+
+Everything that is not about pytest lives in the core (``launch``, ``hangs``, ``recorder``,
+``verdict``); this module only connects it to pytest's hooks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import re
+import shutil
+import tempfile
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pytest._code.code import (
+    ReprEntryNative,
+    ReprExceptionInfo,
+    ReprFileLocation,
+    ReprTraceback,
+)
+from _pytest.outcomes import Skipped
+
+from . import rankbody, rankfixtures
+from .launch.job import Job
+from .launch.run import remove_run_dir, run_job
+from .launch.zygote import Launcher
+from .recorder import Recorder, distpatch
+from .spec import MultirankSpec, SpecError, parse_multirank
+from .verdict import Verdict, decide
+
+# Before any conftest imports torch: torch.distributed is patched as it loads.
+distpatch.install()
+
+DEFAULT_TIMEOUT = 60.0
+MULTIRANK_HELP = (
+    "multirank(world_size=2, *, backend='gloo', nodes=1, timeout=None, init_process_group=True):"
+    " run the test body on world_size fresh rank processes joined in one process group"
+)
+SPECIAL_HELP = "special: run this test in a fresh Python interpreter of its own"
+
+
+@dataclass
+class MultirankRun:
+    """What collection decided for one multirank item."""
+
+    spec: MultirankSpec
+    world_size: int
+    dependent: set[str] = field(default_factory=set)
+    timeout: float | None = None  # pytest-timeout's value, when it times this test
+    rank_leaks: list[str] = field(default_factory=list)
+
+
+RUN_KEY = pytest.StashKey[MultirankRun]()
+
+
+class MultirankFailed(Exception):
+    """The multirank run failed; carries the report the user reads."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.message)
+        self.verdict = verdict
+
+    def longrepr(self, item: pytest.Item) -> ReprExceptionInfo:
+        v = self.verdict
+        if v.location is not None:
+            path, line = v.location
+        else:
+            fspath, lineno, _ = item.location
+            path, line = str(item.config.rootpath / fspath), (lineno or 0) + 1
+        lines = [ln + "\n" for ln in v.text.splitlines()]
+        return ReprExceptionInfo(
+            reprtraceback=ReprTraceback([ReprEntryNative(lines)], None, "native"),
+            reprcrash=ReprFileLocation(path, line, v.message),
+        )
+
+
+class RankSkipped(Skipped):
+    """Every rank (or some, the rest passing) skipped; reported where the rank skipped."""
+
+    def __init__(self, message: str, location: tuple[str, int] | None) -> None:
+        super().__init__(message.removeprefix("Skipped: "))
+        self.message = message
+        self.location = location
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ddphooks", "pytest-ddphooks (distributed hook ordering)")
+    group.addoption(
+        "--ddp-timeout",
+        dest="ddp_timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"time limit of a multirank test across its ranks (ini ddp_timeout;"
+        f" default {DEFAULT_TIMEOUT:g}).",
+    )
+    parser.addini("ddp_timeout", "time limit of a multirank test, in seconds", default=str(DEFAULT_TIMEOUT))
+    group.addoption(
+        "--ddp-leaks",
+        dest="ddp_leaks",
+        choices=("fail", "warn", "off"),
+        default=None,
+        help="what a test that leaks a process group, process, thread, socket or distributed"
+        " environment variable gets: fail (default), warn, off (ini ddp_leaks).",
+    )
+    parser.addini("ddp_leaks", "fail | warn | off: what a leaking test gets", default="fail")
+    parser.addini(
+        "ddp_leaks_allow",
+        "known long-lived things the leak guard ignores, one per line: thread:NAME-GLOB,"
+        " process:CMDLINE-GLOB, socket:HOST:PORT-GLOB, env:NAME, group:NAME",
+        type="linelist",
+        default=[],
+    )
+    group.addoption(
+        "--ddp-trace-dir",
+        dest="ddp_trace_dir",
+        default=None,
+        metavar="DIR",
+        help="write the recorded timeline of each failed multirank test there as Chrome trace"
+        " JSON (ini ddp_trace_dir).",
+    )
+    parser.addini("ddp_trace_dir", "folder for Chrome traces of failed multirank tests", default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MULTIRANK_HELP)
+    config.addinivalue_line("markers", SPECIAL_HELP)
+    if config.pluginmanager.is_blocked("ddphooks"):
+        return
+    if not config.pluginmanager.has_plugin("ddphooks-session"):
+        config.pluginmanager.register(DdpHooks(config), "ddphooks-session")
+
+
+# -- fixtures --------------------------------------------------------------------------------
+# In a multirank test these are resolved inside each rank; the bodies below serve plain tests.
+
+
+@pytest.fixture
+def rank() -> int:
+    """This process's global rank (0 outside a multirank test)."""
+    return int(os.environ.get("RANK", 0))
+
+
+@pytest.fixture
+def world_size(request: pytest.FixtureRequest) -> int:
+    """The number of ranks of the test (1 outside a multirank test)."""
+    run = request.node.stash.get(RUN_KEY, None)
+    if run is not None:
+        return run.world_size
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+@pytest.fixture
+def recorder() -> Generator[Recorder, None, None]:
+    """Records hooks, barriers, marks and torch.distributed calls; ``timeline()`` merges ranks."""
+    rec = Recorder().activate()
+    yield rec
+    rec.close()
+
+
+@pytest.fixture
+def shared_tmp_path(tmp_path: Path) -> Path:
+    """One folder every rank sees (the same as ``tmp_path``)."""
+    return tmp_path
+
+
+@pytest.fixture
+def node_tmp_path(tmp_path: Path) -> Path:
+    """One folder per simulated node (``tmp_path`` itself outside a multirank test)."""
+    return tmp_path
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:120]
+
+
+class DdpHooks:
+    """The plugin's per-session state and its runtime hooks."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.launcher: Launcher | None = None
+        self.session_dir: str | None = None
+        self._ids = itertools.count(1)
+
+    # -- options ------------------------------------------------------------------------------
+
+    def default_timeout(self) -> float:
+        value = self.config.getoption("ddp_timeout")
+        if value is None:
+            raw = self.config.getini("ddp_timeout")
+            try:
+                value = float(raw)
+            except ValueError:
+                raise pytest.UsageError(f"ini ddp_timeout={raw!r} is not a number of seconds") from None
+        if value <= 0:
+            raise pytest.UsageError(f"--ddp-timeout must be > 0 seconds, got {value:g}")
+        return float(value)
+
+    def trace_dir(self) -> str | None:
+        value = self.config.getoption("ddp_trace_dir") or self.config.getini("ddp_trace_dir")
+        return str(value) if value else None
+
+    # -- collection ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _spec(nodeid: str, marker: pytest.Mark) -> MultirankSpec:
+        try:
+            return parse_multirank(marker.args, marker.kwargs)
+        except SpecError as exc:
+            raise pytest.Collector.CollectError(f"{nodeid}: @pytest.mark.multirank: {exc}") from None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        marker = metafunc.definition.get_closest_marker("multirank")
+        if marker is None:
+            return
+        spec = self._spec(metafunc.definition.nodeid, marker)
+        if spec.many:
+            if "world_size" not in metafunc.fixturenames:
+                metafunc.fixturenames.append("world_size")
+            metafunc.parametrize("world_size", list(spec.world_sizes), ids=[str(n) for n in spec.world_sizes])
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        for item in items:
+            marker = item.get_closest_marker("multirank")
+            if marker is None:
+                continue
+            if not isinstance(item, pytest.Function) or type(item).__name__ == "TestCaseFunction":
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason="multirank runs pytest test functions only, not unittest or other items"
+                    )
+                )
+                continue
+            spec = self._spec(item.nodeid, marker)
+            size = spec.world_sizes[0]
+            callspec = getattr(item, "callspec", None)
+            if spec.many and callspec is not None and "world_size" in callspec.params:
+                size = int(callspec.params["world_size"])
+            dependent = rankfixtures.rank_dependent(item)
+            rankfixtures.prune(item, dependent)
+            item.stash[RUN_KEY] = MultirankRun(spec, size, dependent)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if session.config.option.collectonly:
+            return
+        if any(RUN_KEY in item.stash for item in session.items):
+            self._start_launcher(session)
+
+    def _start_launcher(self, session: pytest.Session) -> None:
+        if self.launcher is not None:
+            return
+        rankbody.register_items(session.items)
+        self.session_dir = tempfile.mkdtemp(prefix="ddphooks-")
+        self.launcher = Launcher(
+            lambda job: lambda ctx: rankbody.run_in_rank(job, ctx),
+            log_path=os.path.join(self.session_dir, "launcher.log"),
+        )
+        self.launcher.start()
+
+    # -- running ------------------------------------------------------------------------------
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
+        run = item.stash.get(RUN_KEY, None)
+        if run is None:
+            return None
+        # timed here, across the ranks: pytest-timeout never kills the pytest process for it
+        run.timeout = float(settings.timeout)
+        return True
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
+        return True if RUN_KEY in item.stash else None
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        run = item.stash.get(RUN_KEY, None)
+        if run is None or run.spec.backend != "nccl":
+            return
+        self._start_launcher(item.session)
+        assert self.launcher is not None
+        visible = int(self.launcher.probe().get("cuda_devices", 0))
+        if visible < run.world_size:
+            pytest.skip(f"multirank(backend='nccl') needs {run.world_size} GPUs, {visible} visible")
+
+    def _timeout(self, run: MultirankRun) -> float:
+        if run.spec.timeout is not None:
+            return run.spec.timeout
+        if run.timeout:
+            return run.timeout
+        return self.default_timeout()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
+        run = pyfuncitem.stash.get(RUN_KEY, None)
+        if run is None or rankbody.in_rank:
+            return None
+        self._run(pyfuncitem, run)
+        return True
+
+    def _node_dirs(self, item: pytest.Function, run: MultirankRun) -> list[str]:
+        if "node_tmp_path" not in run.dependent:
+            return []
+        factory = item._request.getfixturevalue("tmp_path_factory")
+        base = _safe(item.name)[:30]
+        return [str(factory.mktemp(f"{base}-node{k}", numbered=True)) for k in range(run.spec.nodes)]
+
+    def _run(self, item: pytest.Function, run: MultirankRun) -> None:
+        self._start_launcher(item.session)
+        assert self.launcher is not None and self.session_dir is not None
+        try:
+            names = rankfixtures.needed_values(item, run.dependent)
+            values = rankfixtures.pickle_values(item, names)
+            instance = rankfixtures.pickle_instance(item)
+        except rankfixtures.FixtureNotSendable as exc:
+            raise MultirankFailed(Verdict("failed", str(exc), str(exc))) from None
+        markup = bool(self.config.get_terminal_writer().hasmarkup)
+        payload = rankbody.ItemPayload(item.nodeid, values, instance, self._node_dirs(item, run), markup)
+        test_id = f"{os.getpid()}-{next(self._ids)}"
+        run_dir = os.path.join(self.session_dir, f"run-{test_id}")
+        os.mkdir(run_dir)
+        job = Job(
+            test_id=test_id,
+            label=item.nodeid,
+            world_size=run.world_size,
+            nodes=run.spec.nodes,
+            backend=run.spec.backend,
+            init_process_group=run.spec.init_process_group,
+            timeout=self._timeout(run),
+            run_dir=run_dir,
+            env=dict(os.environ),
+            cwd=os.getcwd(),
+            payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL),
+        )
+        try:
+            report = run_job(self.launcher, job)
+        finally:
+            pass
+        verdict = decide(report)
+        capture = self.config.getoption("capture", "fd")
+        for r, (out, err) in sorted(report.outputs.items()):
+            if capture == "no":
+                for line in out.splitlines():
+                    print(f"[rank {r}] {line}")
+                for line in err.splitlines():
+                    print(f"[rank {r} stderr] {line}")
+                continue
+            if out:
+                item.add_report_section("call", f"stdout rank {r}", out)
+            if err:
+                item.add_report_section("call", f"stderr rank {r}", err)
+        for r, res in sorted(report.results.items()):
+            run.rank_leaks.extend(f"rank {r}: process {leak}" for leak in res.leaks)
+        run.rank_leaks.extend(f"process {pid}: {cmd} (left behind by a rank)" for pid, cmd in report.swept)
+        if verdict.outcome == "failed":
+            trace_dir = self.trace_dir()
+            if trace_dir and report.timeline is not None:
+                path = report.timeline.to_chrome_trace(os.path.join(trace_dir, _safe(item.nodeid) + ".json"))
+                verdict.text += f"\n\nChrome trace of the timeline: {path}"
+        remove_run_dir(job)
+        if verdict.outcome == "failed":
+            raise MultirankFailed(verdict)
+        if verdict.outcome == "xfailed":
+            pytest.xfail(verdict.message)
+        if verdict.outcome == "skipped":
+            raise RankSkipped(verdict.message, verdict.location)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        exc = call.excinfo.value if call.excinfo is not None else None
+        if isinstance(exc, MultirankFailed) and report.failed:
+            report.longrepr = exc.longrepr(item)
+        elif isinstance(exc, RankSkipped) and report.skipped and exc.location is not None:
+            report.longrepr = (exc.location[0], exc.location[1], exc.message)
+        return report
+
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        run = item.stash.get(RUN_KEY, None)
+        if run is None or not run.rank_leaks:
+            return
+        leaks, run.rank_leaks = run.rank_leaks, []
+        mode = self.config.getoption("ddp_leaks") or self.config.getini("ddp_leaks")
+        text = "\n".join(f"  {leak}" for leak in leaks)
+        if mode == "fail":
+            pytest.fail(f"{item.nodeid} left processes running (killed):\n{text}", pytrace=False)
+        elif mode == "warn":
+            import warnings
+
+            warnings.warn(
+                pytest.PytestWarning(f"{item.nodeid} left processes running (killed):\n{text}"), stacklevel=1
+            )
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.launcher is not None:
+            self.launcher.close()
+            self.launcher = None
+        if self.session_dir is not None:
+            shutil.rmtree(self.session_dir, ignore_errors=True)
+            self.session_dir = None

@@ -1,0 +1,138 @@
+"""The test body inside a rank: the pytest item itself, from the launcher's copy of the session.
+
+The launcher was forked after collection, so the item, its module (imported and rewritten
+by pytest), its config and plugins are all here. The body runs through the item's own
+``pytest_pyfunc_call`` hook, and a failure is formatted by the item's own ``repr_failure``,
+so the rank's report reads exactly like pytest's: assertion introspection, ``--tb``, ``-l``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from _pytest._code import ExceptionInfo
+from _pytest._io import TerminalWriter
+from _pytest.outcomes import Exit, Skipped, XFailed
+
+from .launch.job import Job, RankResult
+from .launch.rank import RankContext
+from .rankfixtures import RankFixtures
+
+_items: dict[str, pytest.Function] = {}
+in_rank = False  # True inside a rank process: the plugin then runs bodies itself
+
+
+@dataclass
+class ItemPayload:
+    """What the pytest process sends for one multirank item."""
+
+    nodeid: str
+    values: dict[str, bytes]
+    instance_state: bytes | None
+    node_dirs: list[str]
+    markup: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def register_items(items: list[pytest.Item]) -> None:
+    """Remember the collected items; the launcher forked from here finds them by node id."""
+    _items.clear()
+    for item in items:
+        if isinstance(item, pytest.Function):
+            _items[item.nodeid] = item
+
+
+def _render(
+    item: pytest.Function, exc: BaseException, markup: bool
+) -> tuple[str, str, tuple[str, int] | None]:
+    excinfo = ExceptionInfo.from_exception(exc)
+    longrepr = item.repr_failure(excinfo)
+    buf = io.StringIO()
+    tw = TerminalWriter(file=buf)
+    tw.hasmarkup = markup
+    if isinstance(longrepr, str):
+        tw.line(longrepr)
+    else:
+        longrepr.toterminal(tw)
+    crash = excinfo._getreprcrash()
+    message = crash.message if crash is not None else f"{type(exc).__name__}: {exc}"
+    location = (str(crash.path), crash.lineno) if crash is not None else None
+    return buf.getvalue(), message, location
+
+
+def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
+    global in_rank
+    in_rank = True
+    payload: ItemPayload = pickle.loads(job.payload)
+    item = _items.get(payload.nodeid)
+    if item is None:
+        raise LookupError(f"the rank launcher does not know the test {payload.nodeid!r}")
+    started = time.monotonic()
+    node_dir = payload.node_dirs[ctx.node_rank] if payload.node_dirs else None
+    builtins: dict[str, Any] = {"rank": ctx.rank, "recorder": ctx.recorder}
+    if node_dir is not None:
+        from pathlib import Path
+
+        builtins["node_tmp_path"] = Path(node_dir)
+    fixtures: RankFixtures | None = None
+    error: BaseException | None = None
+    phase = "call"
+    try:
+        values = {}
+        for name, blob in payload.values.items():
+            try:
+                values[name] = pickle.loads(blob)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"fixture {name!r} could not be rebuilt in the rank: {type(exc).__name__}: {exc}"
+                ) from exc
+        if payload.instance_state is not None and getattr(item, "instance", None) is not None:
+            item.instance.__dict__.update(pickle.loads(payload.instance_state))
+        fixtures = RankFixtures(item, values, builtins)
+        phase = "setup"
+        item.funcargs = fixtures.arguments()
+        phase = "call"
+        item.ihook.pytest_pyfunc_call(pyfuncitem=item)
+    except BaseException as exc:
+        error = exc
+    teardown_errors = fixtures.teardown() if fixtures is not None else []
+    elapsed = time.monotonic() - started
+    if error is None and teardown_errors:
+        error, phase = teardown_errors[0], "teardown"
+    if error is None:
+        return RankResult(ctx.rank, "passed", duration=elapsed)
+    if isinstance(error, Skipped):
+        crash = ExceptionInfo.from_exception(error)._getreprcrash()
+        location = (str(crash.path), crash.lineno) if crash is not None else None
+        if error._use_item_location:
+            path, line = item.reportinfo()[:2]
+            location = (os.fspath(path), (line or 0) + 1)
+        return RankResult(
+            ctx.rank,
+            "skipped",
+            message=crash.message if crash else str(error),
+            location=location,
+            duration=elapsed,
+        )
+    if isinstance(error, XFailed):
+        return RankResult(ctx.rank, "xfailed", message=str(error.msg), duration=elapsed)
+    text, message, location = _render(item, error, payload.markup)
+    if isinstance(error, Exit):
+        message = f"pytest.exit() in a rank: {error.msg}"
+    if phase != "call":
+        text = f"error in fixture {phase} inside the rank:\n{text}"
+    return RankResult(
+        ctx.rank,
+        "failed",
+        longrepr=text,
+        message=message,
+        location=location,
+        duration=elapsed,
+        extra={"phase": phase},
+    )

@@ -1,0 +1,234 @@
+"""Which fixtures of a multirank test are set up where, and how values reach the ranks.
+
+Fixtures are set up by pytest in the pytest process, as for any test, and their values are
+pickled to the ranks — except the rank-local ones (``rank``, ``recorder``, ``node_tmp_path``,
+``monkeypatch``) and every fixture that depends on one of them: those are pruned from the
+pytest-side setup and evaluated inside each rank, once per rank per test, whatever their
+declared scope (a value that differs per rank cannot be shared).
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+RANK_LOCAL = frozenset({"rank", "recorder", "node_tmp_path", "monkeypatch"})
+RANK_RESOLVED = RANK_LOCAL | {"request"}
+
+
+class FixtureNotSendable(Exception):
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"fixture {name!r} cannot be sent to the ranks: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+def _defs(item: pytest.Function, name: str) -> list[Any]:
+    return list(item._fixtureinfo.name2fixturedefs.get(name, ()))
+
+
+def rank_dependent(item: pytest.Function) -> set[str]:
+    """Fixtures of the item that must be evaluated in the ranks."""
+    memo: dict[tuple[str, int], bool] = {}
+
+    def depends(name: str, index: int = -1) -> bool:
+        if name in RANK_LOCAL:
+            return True
+        key = (name, index)
+        if key in memo:
+            return memo[key]
+        memo[key] = False  # cycles cannot make a fixture rank-local
+        defs = _defs(item, name)
+        result = False
+        if defs and -index <= len(defs):
+            fd = defs[index]
+            for arg in fd.argnames:
+                if arg == name:
+                    result = result or depends(name, index - 1)
+                elif arg != "request":
+                    result = result or depends(arg)
+        memo[key] = result
+        return result
+
+    return {name for name in item.fixturenames if depends(name)}
+
+
+def prune(item: pytest.Function, dependent: set[str]) -> None:
+    """Keep pytest from setting up, in its own process, what the ranks will evaluate."""
+    item.fixturenames = [n for n in item.fixturenames if n not in dependent and n not in RANK_RESOLVED]
+
+
+def needed_values(item: pytest.Function, dependent: set[str]) -> list[str]:
+    """Values from the pytest process that the ranks need: test arguments and the inputs of
+    the rank-evaluated fixtures."""
+    wanted: list[str] = []
+    seen: set[str] = set()
+
+    def want(name: str, index: int = -1) -> None:
+        key = f"{name}#{index}"
+        if key in seen:
+            return
+        seen.add(key)
+        if name in RANK_RESOLVED:
+            return
+        if name in dependent:
+            defs = _defs(item, name)
+            if defs and -index <= len(defs):
+                for arg in defs[index].argnames:
+                    want(name, index - 1) if arg == name else want(arg)
+            return
+        if name not in wanted:
+            wanted.append(name)
+
+    for name in item._fixtureinfo.argnames:
+        want(name)
+    for name in dependent:
+        want(name)
+    return wanted
+
+
+def pickle_values(item: pytest.Function, names: list[str]) -> dict[str, bytes]:
+    out = {}
+    for name in names:
+        if name not in item.funcargs:
+            continue
+        try:
+            out[name] = pickle.dumps(item.funcargs[name], protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise FixtureNotSendable(name, f"{type(exc).__name__}: {exc}") from None
+    return out
+
+
+def pickle_instance(item: pytest.Function) -> bytes | None:
+    """A test class instance's attributes (set by fixtures), for the rank's own instance."""
+    instance = getattr(item, "instance", None)
+    state = getattr(instance, "__dict__", None)
+    if not state:
+        return None
+    for key, value in state.items():
+        try:
+            pickle.dumps(value)
+        except Exception as exc:
+            raise FixtureNotSendable(f"self.{key}", f"{type(exc).__name__}: {exc}") from None
+    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+@dataclass
+class _Shim:
+    """Just enough of a FixtureRequest for fixtures evaluated in a rank."""
+
+    node: Any
+    config: Any
+    fixturename: str
+    instance: Any
+    _finalizers: list[Callable[[], object]]
+    _param: Any = None
+    _has_param: bool = False
+
+    @property
+    def param(self) -> Any:
+        if not self._has_param:
+            raise AttributeError(f"fixture {self.fixturename!r} is not parametrized")
+        return self._param
+
+    @property
+    def function(self) -> Any:
+        return getattr(self.node, "function", None)
+
+    @property
+    def cls(self) -> Any:
+        return getattr(self.node, "cls", None)
+
+    @property
+    def module(self) -> Any:
+        return getattr(self.node, "module", None)
+
+    def addfinalizer(self, finalizer: Callable[[], object]) -> None:
+        self._finalizers.append(finalizer)
+
+
+class RankFixtures:
+    """Evaluates the rank-local and rank-dependent fixtures of one item inside a rank."""
+
+    def __init__(self, item: pytest.Function, values: dict[str, Any], builtins: dict[str, Any]) -> None:
+        self.item = item
+        self.cache: dict[tuple[str, int], Any] = {(k, -1): v for k, v in {**values, **builtins}.items()}
+        self.finalizers: list[Callable[[], object]] = []
+
+    def get(self, name: str, index: int = -1) -> Any:
+        key = (name, index)
+        if key in self.cache:
+            return self.cache[key]
+        if name == "monkeypatch":
+            mp = pytest.MonkeyPatch()
+            self.finalizers.append(mp.undo)
+            value: Any = mp
+        elif name == "request":
+            value = self.item._request
+        else:
+            value = self._evaluate(name, index)
+        self.cache[key] = value
+        return value
+
+    def _evaluate(self, name: str, index: int) -> Any:
+        defs = _defs(self.item, name)
+        if not defs or -index > len(defs):
+            raise LookupError(f"fixture {name!r} is not available in the rank")
+        fd = defs[index]
+        callspec = getattr(self.item, "callspec", None)
+        has_param = callspec is not None and name in callspec.params
+        shim = _Shim(
+            self.item,
+            self.item.config,
+            name,
+            getattr(self.item, "instance", None),
+            self.finalizers,
+            callspec.params[name] if has_param else None,
+            has_param,
+        )
+        kwargs = {}
+        for arg in fd.argnames:
+            if arg == "request":
+                kwargs[arg] = shim
+            elif arg == name:
+                kwargs[arg] = self.get(name, index - 1)
+            else:
+                kwargs[arg] = self.get(arg)
+        try:
+            from _pytest.fixtures import resolve_fixture_function
+
+            func = resolve_fixture_function(fd, shim)  # type: ignore[arg-type]
+        except Exception:
+            func = fd.func
+        if inspect.isgeneratorfunction(func):
+            gen = func(**kwargs)
+            value = next(gen)
+
+            def finish(gen: Any = gen) -> None:
+                try:
+                    next(gen)
+                except StopIteration:
+                    return
+                raise RuntimeError(f"fixture {name!r} yielded more than once")
+
+            self.finalizers.append(finish)
+            return value
+        return func(**kwargs)
+
+    def arguments(self) -> dict[str, Any]:
+        """The keyword arguments of the test function."""
+        return {name: self.get(name) for name in self.item._fixtureinfo.argnames}
+
+    def teardown(self) -> list[BaseException]:
+        errors: list[BaseException] = []
+        while self.finalizers:
+            try:
+                self.finalizers.pop()()
+            except BaseException as exc:  # every finalizer runs, as in pytest
+                errors.append(exc)
+        return errors

@@ -1,0 +1,257 @@
+"""Happens-before from vector clocks over the recorded collectives; never from timestamps.
+
+Each (rank, thread) is a lane with its own program order. A completed collective adds edges
+from the entry ("start") of some members to the exit ("end") of others, as its kind implies
+(see ``collectives.SYNC``). A collective the members disagree on, one a member never entered,
+one that raised, and the incoming side of an asynchronous call add no edge: the clocks only
+claim an order that a synchronisation really enforced.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import collectives, events
+from .events import Event
+
+EventKey = tuple[int, int]  # (rank, index)
+LaneKey = tuple[int, int]  # (rank, lane)
+
+
+@dataclass
+class Instance:
+    """One collective (or one send/recv pair) as seen by all its members."""
+
+    key: tuple[Any, ...]
+    op: str
+    sync: str
+    group: str
+    members: tuple[int, ...]
+    root: int | None = None
+    starts: dict[int, Event] = field(default_factory=dict)
+    ends: dict[int, Event] = field(default_factory=dict)
+
+    @property
+    def seq(self) -> int:
+        return int(self.key[2]) if self.key[0] == "c" else int(self.key[-1])
+
+    @property
+    def complete(self) -> bool:
+        return all(m in self.starts for m in self.members)
+
+    @property
+    def consistent(self) -> bool:
+        seen = {collectives.comparable(self.op, _op_info(e)) for e in self.starts.values()}
+        return len(seen) <= 1
+
+    def label(self) -> str:
+        if self.key[0] == "p":
+            return f"{self.op} {self.key[2]}->{self.key[3]}"
+        return f"{self.op} #{self.seq}"
+
+    def edges(self) -> list[tuple[Event, list[Event]]]:
+        """(end event, the start events it waited for)."""
+        if self.sync == collectives.RECV:
+            send = self.starts.get(self.key[2])
+            recv_end = self.ends.get(self.key[3])
+            if send is None or recv_end is None or not _effective_end(recv_end):
+                return []
+            return [(recv_end, [send])]
+        if not self.consistent:
+            return []
+        out: list[tuple[Event, list[Event]]] = []
+        if self.sync == collectives.ALL:
+            if not self.complete:
+                return []
+            starts = [self.starts[m] for m in self.members]
+            for end in self.ends.values():
+                if _effective_end(end):
+                    out.append((end, starts))
+        elif self.sync == collectives.FROM_ROOT:
+            root_start = self.starts.get(self.root) if self.root is not None else None
+            if root_start is None:
+                return []
+            for m, end in self.ends.items():
+                if m != self.root and _effective_end(end):
+                    out.append((end, [root_start]))
+        elif self.sync == collectives.TO_ROOT:
+            end = self.ends.get(self.root) if self.root is not None else None
+            if end is None or not self.complete or not _effective_end(end):
+                return []
+            out.append((end, [self.starts[m] for m in self.members]))
+        return out
+
+
+def _op_info(e: Event) -> dict[str, Any]:
+    return dict(e.info)
+
+
+def _effective_end(end: Event) -> bool:
+    # an async call's data lands at wait(), which is not recorded: no incoming edge
+    return "error" not in end.info and not end.info.get("async")
+
+
+def op_of(e: Event) -> str:
+    return str(e.info.get("op", e.name.removeprefix("dist.")))
+
+
+def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], Instance]:
+    """Group the recorded collectives and sends/recvs of all ranks into instances."""
+    found: dict[tuple[Any, ...], Instance] = {}
+    world = tuple(sorted(by_rank))
+    for rank, evs in by_rank.items():
+        open_starts: dict[int, Event] = {}
+        for e in evs:
+            if e.kind not in (events.COLLECTIVE, events.P2P):
+                continue
+            if e.phase == events.START:
+                open_starts[e.call_id] = e
+                if e.kind == events.COLLECTIVE and e.info.get("seq"):
+                    key: tuple[Any, ...] = ("c", e.info["group"], e.info["seq"])
+                    inst = found.get(key)
+                    if inst is None:
+                        members = e.info.get("ranks") or list(
+                            range(int(e.info.get("group_size") or len(world)))
+                        )
+                        _, sync, _, _ = collectives.OPS[op_of(e)]
+                        inst = found[key] = Instance(
+                            key, op_of(e), sync, str(e.info["group"]), tuple(members), e.info.get("root")
+                        )
+                    inst.starts[rank] = e
+                elif e.kind == events.P2P and e.info.get("sync") == collectives.SEND and e.info.get("seq"):
+                    key = (
+                        "p",
+                        e.info["group"],
+                        e.info["src"],
+                        e.info["dst"],
+                        e.info.get("tag", 0),
+                        e.info["seq"],
+                    )
+                    inst = found.setdefault(
+                        key,
+                        Instance(
+                            key,
+                            "send/recv",
+                            collectives.RECV,
+                            str(e.info["group"]),
+                            (e.info["src"], e.info["dst"]),
+                        ),
+                    )
+                    inst.starts[rank] = e
+            else:
+                start = open_starts.pop(e.call_id, None)
+                if start is None:
+                    continue
+                if e.kind == events.COLLECTIVE and start.info.get("seq"):
+                    found_inst = found.get(("c", start.info["group"], start.info["seq"]))
+                    if found_inst is not None:
+                        found_inst.ends[rank] = e
+                elif (
+                    e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq")
+                ):
+                    key = (
+                        "p",
+                        start.info["group"],
+                        e.info["src"],
+                        start.info["dst"],
+                        start.info.get("tag", 0),
+                        e.info["seq"],
+                    )
+                    inst = found.setdefault(
+                        key,
+                        Instance(
+                            key,
+                            "send/recv",
+                            collectives.RECV,
+                            str(start.info["group"]),
+                            (e.info["src"], start.info["dst"]),
+                        ),
+                    )
+                    inst.ends[rank] = e
+    return found
+
+
+class Clocks:
+    """Vector clocks of every event; ``happens_before`` answers from them alone."""
+
+    def __init__(
+        self, by_rank: Mapping[int, Sequence[Event]], insts: Iterable[Instance] | None = None
+    ) -> None:
+        lane_events: dict[LaneKey, list[Event]] = {}
+        for rank in sorted(by_rank):
+            for e in by_rank[rank]:
+                lane_events.setdefault((rank, e.lane), []).append(e)
+        self.lanes: list[LaneKey] = list(lane_events)
+        index = {lane: i for i, lane in enumerate(self.lanes)}
+        self._pos: dict[EventKey, tuple[int, int]] = {}
+        for lane, evs in lane_events.items():
+            li = index[lane]
+            for p, e in enumerate(evs):
+                self._pos[(e.rank, e.index)] = (li, p)
+        deps: dict[EventKey, list[EventKey]] = {}
+        needed: set[EventKey] = set()
+        for inst in insts if insts is not None else instances(by_rank).values():
+            for end, starts in inst.edges():
+                keys = [(s.rank, s.index) for s in starts if (s.rank, s.index) != (end.rank, end.index)]
+                deps.setdefault((end.rank, end.index), []).extend(keys)
+                needed.update(keys)
+        n = len(self.lanes)
+        # per lane: positions where the clock gained knowledge, and the clock there
+        self._sync_pos: list[list[int]] = [[] for _ in range(n)]
+        self._sync_clock: list[list[tuple[int, ...]]] = [[] for _ in range(n)]
+        known: dict[EventKey, tuple[int, ...]] = {}
+        lists = [lane_events[lane] for lane in self.lanes]
+        ptr = [0] * n
+        clock = [[-1] * n for _ in range(n)]
+        remaining = sum(len(x) for x in lists)
+        while remaining:
+            progressed = False
+            for li in range(n):
+                evs = lists[li]
+                cur = clock[li]
+                p = ptr[li]
+                while p < len(evs):
+                    e = evs[p]
+                    k = (e.rank, e.index)
+                    waits = deps.get(k)
+                    if waits and any(w not in known for w in waits):
+                        break
+                    cur[li] = p
+                    if waits:
+                        for w in waits:
+                            other = known[w]
+                            for j in range(n):
+                                if other[j] > cur[j]:
+                                    cur[j] = other[j]
+                        self._sync_pos[li].append(p)
+                        self._sync_clock[li].append(tuple(cur))
+                    if k in needed:
+                        known[k] = tuple(cur)
+                    p += 1
+                    remaining -= 1
+                    progressed = True
+                ptr[li] = p
+            if remaining and not progressed:
+                # a dependency cycle can only come from inconsistent records: drop one wait
+                for li in range(n):
+                    if ptr[li] < len(lists[li]):
+                        e = lists[li][ptr[li]]
+                        deps.pop((e.rank, e.index), None)
+                        break
+
+    def happens_before(self, a: Event, b: Event) -> bool:
+        """True when event ``a`` is ordered before event ``b`` by program order or sync."""
+        la, pa = self._pos[(a.rank, a.index)]
+        lb, pb = self._pos[(b.rank, b.index)]
+        if la == lb:
+            return pa < pb
+        i = bisect_right(self._sync_pos[lb], pb) - 1
+        if i < 0:
+            return False
+        return self._sync_clock[lb][i][la] >= pa
+
+    def lane_of(self, e: Event) -> LaneKey:
+        return self.lanes[self._pos[(e.rank, e.index)][0]]

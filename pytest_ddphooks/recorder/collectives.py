@@ -1,0 +1,116 @@
+"""What each torch.distributed call means for ordering, and how its arguments are described.
+
+``SYNC`` says which ranks a completed call orders after which:
+- ``all``: every member waits for every other (barrier, all-reduce-like ops);
+- ``from_root``: the root's past reaches the others (broadcast, scatter);
+- ``to_root``: the others' past reaches the root (reduce, gather);
+- ``send`` / ``recv``: one edge from the sender to the receiver;
+- ``none``: no synchronisation is claimed (group creation and destruction).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import events
+
+ALL = "all"
+FROM_ROOT = "from_root"
+TO_ROOT = "to_root"
+SEND = "send"
+RECV = "recv"
+NONE = "none"
+
+# op -> (event kind, sync, name of the root argument, name of its group-relative twin)
+OPS: dict[str, tuple[str, str, str | None, str | None]] = {
+    "init_process_group": (events.GROUP, NONE, None, None),
+    "destroy_process_group": (events.GROUP, NONE, None, None),
+    "new_group": (events.GROUP, NONE, None, None),
+    "barrier": (events.COLLECTIVE, ALL, None, None),
+    "monitored_barrier": (events.COLLECTIVE, ALL, None, None),
+    "all_reduce": (events.COLLECTIVE, ALL, None, None),
+    "all_gather": (events.COLLECTIVE, ALL, None, None),
+    "all_gather_object": (events.COLLECTIVE, ALL, None, None),
+    "all_gather_into_tensor": (events.COLLECTIVE, ALL, None, None),
+    "reduce_scatter": (events.COLLECTIVE, ALL, None, None),
+    "reduce_scatter_tensor": (events.COLLECTIVE, ALL, None, None),
+    "all_to_all": (events.COLLECTIVE, ALL, None, None),
+    "all_to_all_single": (events.COLLECTIVE, ALL, None, None),
+    "broadcast": (events.COLLECTIVE, FROM_ROOT, "src", "group_src"),
+    "broadcast_object_list": (events.COLLECTIVE, FROM_ROOT, "src", "group_src"),
+    "scatter": (events.COLLECTIVE, FROM_ROOT, "src", "group_src"),
+    "scatter_object_list": (events.COLLECTIVE, FROM_ROOT, "src", "group_src"),
+    "reduce": (events.COLLECTIVE, TO_ROOT, "dst", "group_dst"),
+    "gather": (events.COLLECTIVE, TO_ROOT, "dst", "group_dst"),
+    "gather_object": (events.COLLECTIVE, TO_ROOT, "dst", "group_dst"),
+    "send": (events.P2P, SEND, "dst", "group_dst"),
+    "isend": (events.P2P, SEND, "dst", "group_dst"),
+    "recv": (events.P2P, RECV, "src", "group_src"),
+    "irecv": (events.P2P, RECV, "src", "group_src"),
+}
+
+# The argument whose shape and dtype identify a collective's payload on every rank alike.
+PAYLOAD_ARG: dict[str, str] = {
+    "all_reduce": "tensor",
+    "broadcast": "tensor",
+    "reduce": "tensor",
+    "all_gather": "tensor",
+    "all_gather_into_tensor": "input_tensor",
+    "reduce_scatter": "output",
+    "reduce_scatter_tensor": "output",
+    "all_to_all": "input_tensor_list",
+    "all_to_all_single": "input",
+    "scatter": "tensor",
+    "gather": "tensor",
+    "send": "tensor",
+    "isend": "tensor",
+    "recv": "tensor",
+    "irecv": "tensor",
+    "broadcast_object_list": "object_list",
+}
+
+_DTYPE_SHORT = {"torch.float32": "float32", "torch.float64": "float64", "torch.int64": "int64"}
+
+
+def describe_tensor(value: Any) -> str:
+    """``float32[4,2]`` for a tensor, ``[float32[4] x2]`` for a list of them."""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        d = str(dtype)
+        d = _DTYPE_SHORT.get(d, d.removeprefix("torch."))
+        return f"{d}[{','.join(str(s) for s in shape)}]"
+    if isinstance(value, (list, tuple)):
+        if value and all(getattr(v, "shape", None) is not None for v in value):
+            inner = {describe_tensor(v) for v in value}
+            if len(inner) == 1:
+                return f"[{inner.pop()} x{len(value)}]"
+            return "[" + ", ".join(describe_tensor(v) for v in value) + "]"
+        return f"objects x{len(value)}"
+    return "object"
+
+
+def signature(op: str, info: dict[str, Any]) -> str:
+    """The text a desync report prints for one call: ``broadcast(float32[4], src=0)``."""
+    parts = []
+    if "payload" in info:
+        parts.append(str(info["payload"]))
+    if info.get("root") is not None:
+        _, _, root_arg, _ = OPS.get(op, (None, None, "root", None))
+        parts.append(f"{root_arg}={info['root']}")
+    if info.get("reduce_op") not in (None, "SUM"):
+        parts.append(f"op={info['reduce_op']}")
+    return f"{op}({', '.join(parts)})"
+
+
+def comparable(op: str, info: dict[str, Any]) -> tuple[Any, ...]:
+    """What must be equal on every member for two calls to be the same collective."""
+    return (op, info.get("payload"), info.get("root"), info.get("reduce_op"))
+
+
+def group_label(group: str, ranks: list[int] | None) -> str:
+    if group == "default":
+        return "the default group"
+    if ranks:
+        return f"group {group} (ranks {','.join(str(r) for r in ranks)})"
+    return f"group {group}"

@@ -1,0 +1,148 @@
+"""Events, and the crash-safe file a rank writes them to as they happen.
+
+A rank that hangs or dies never returns its events, so each one is written to a shared
+memory mapping of a file the moment it is recorded: the page cache keeps it whatever
+happens to the process, and the orchestrator reads the file afterwards.
+"""
+
+from __future__ import annotations
+
+import marshal
+import mmap
+import os
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Event kinds.
+CALL = "call"  # an instrumented method
+BARRIER = "barrier"  # a framework-level barrier wrapped by instrument_barrier
+MARK = "mark"  # a point event
+COLLECTIVE = "collective"  # a torch.distributed collective
+P2P = "p2p"  # send / recv
+GROUP = "group"  # init_process_group, destroy_process_group, new_group
+META = "meta"  # bookkeeping (thread names); never shown as an event
+
+# Phases.
+START = "start"
+END = "end"
+POINT = "point"
+
+# Raw record: (call_id, t_ns, lane, kind, phase, name, info). marshal keeps it fast.
+RawEvent = tuple[int, int, int, str, str, str, "dict[str, Any] | None"]
+
+_LENGTH = struct.Struct("<I")
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One recorded event. ``index`` is its position in its rank's stream."""
+
+    rank: int
+    index: int
+    lane: int
+    kind: str
+    phase: str
+    name: str
+    t_ns: int
+    call_id: int
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return f"rank {self.rank}"
+
+    def describe(self) -> str:
+        what = {START: "started", END: "ended", POINT: "happened"}[self.phase]
+        return f"{self.name} {what} on rank {self.rank} (event #{self.index})"
+
+
+class EventFile:
+    """Append-only event log in a memory-mapped file; grows in 1 MiB chunks.
+
+    A record is a 4-byte length then a marshal payload; the length is written last, so a
+    rank killed mid-write leaves a zero length that the reader takes as the end.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._size = 0
+        self._map: mmap.mmap | None = None
+        self._pos = 0
+        self._grow(_CHUNK)
+
+    def _grow(self, at_least: int) -> None:
+        size = self._size
+        while size < self._pos + at_least:
+            size += _CHUNK
+        os.ftruncate(self._fd, size)
+        if self._map is not None:
+            self._map.close()
+        self._map = mmap.mmap(self._fd, size)
+        self._size = size
+
+    def write(self, record: RawEvent) -> None:
+        payload = marshal.dumps(record)
+        n = len(payload)
+        pos = self._pos
+        if pos + n + 8 > self._size:
+            self._grow(n + 8)
+        mapping = self._map
+        assert mapping is not None
+        mapping[pos + 4 : pos + 4 + n] = payload
+        mapping[pos : pos + 4] = _LENGTH.pack(n)
+        self._pos = pos + 4 + n
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_raw(path: str | os.PathLike[str]) -> Iterator[RawEvent]:
+    """Yield the complete records of an event file; a torn or missing tail is ignored."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return
+    pos, end = 0, len(data)
+    while pos + 4 <= end:
+        (n,) = _LENGTH.unpack_from(data, pos)
+        if n == 0 or pos + 4 + n > end:
+            return
+        try:
+            record = marshal.loads(data[pos + 4 : pos + 4 + n])
+        except (EOFError, ValueError, TypeError):
+            return
+        yield record
+        pos += 4 + n
+
+
+def to_events(rank: int, records: Iterator[RawEvent] | list[RawEvent]) -> tuple[list[Event], dict[int, str]]:
+    """Turn one rank's raw records into Events; also returns the lane -> thread name table."""
+    events, lanes, _ = to_events_and_threads(rank, records)
+    return events, lanes
+
+
+def to_events_and_threads(
+    rank: int, records: Iterator[RawEvent] | list[RawEvent]
+) -> tuple[list[Event], dict[int, str], dict[int, int]]:
+    """As ``to_events``, plus lane -> thread ident (to match stack dumps to lanes)."""
+    events: list[Event] = []
+    lanes: dict[int, str] = {}
+    idents: dict[int, int] = {}
+    for call_id, t_ns, lane, kind, phase, name, info in records:
+        if kind == META:
+            lanes[lane] = name
+            if info and "ident" in info:
+                idents[lane] = int(info["ident"])
+            continue
+        events.append(Event(rank, len(events), lane, kind, phase, name, t_ns, call_id, info or {}))
+    return events, lanes, idents

@@ -1,0 +1,230 @@
+"""Pictures of a Timeline: text swimlanes aligned on collectives, and Chrome trace JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from . import collectives, events
+from .clocks import Instance
+
+if TYPE_CHECKING:
+    from .events import Event
+    from .timeline import Timeline
+
+
+def _aligned(inst: Instance) -> bool:
+    return inst.key[0] == "c" and len(inst.members) > 1 and inst.complete and inst.consistent
+
+
+def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
+    """The text of one event in its lane, or None when it is not drawn."""
+    tag = f"[t{e.lane}] " if e.lane else ""
+    if e.kind in (events.CALL, events.BARRIER):
+        if e.phase == events.START:
+            return f"{tag}> {e.name}"
+        suffix = ""
+        if "error" in e.info:
+            suffix = " (raised)"
+        elif e.kind == events.BARRIER and not e.info.get("collectives", 1):
+            suffix = " (no-op)"
+        return f"{tag}< {e.name}{suffix}"
+    if e.kind == events.MARK:
+        return f"{tag}* {e.name}"
+    op = str(e.info.get("op", e.name))
+    stuck = "" if (e.rank, e.call_id) in ended else " (never returned)"
+    if e.kind == events.GROUP:
+        if e.phase != events.START:
+            return f"{tag}x {op} raised" if "error" in e.info else None
+        sign = "-" if op.startswith("destroy") else "+"
+        return f"{tag}{sign} {op}{stuck}"
+    if e.phase == events.END:
+        return f"{tag}x {op} raised" if "error" in e.info else None
+    if e.kind == events.P2P:
+        peer = e.info.get("dst") if e.info.get("sync") == collectives.SEND else e.info.get("src")
+        arrow = "->" if e.info.get("sync") == collectives.SEND else "<-"
+        return f"{tag}{op} {arrow} {peer if peer is not None else 'any'}{stuck}"
+    if not e.info.get("effective", True):
+        return f"{tag}= {op} (no group){stuck}"
+    group = e.info.get("group")
+    where = "" if group == "default" else f" [g{group}]"
+    return f"{tag}= {op} #{e.info.get('seq')}{where}{stuck}"
+
+
+def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int = 30) -> str:
+    """One text lane per rank; a collective every member completed sits on one row."""
+    ranks = timeline.ranks
+    if not ranks:
+        return "(no events recorded)"
+    lanes = {r: timeline.for_rank(r) for r in ranks}
+    ended = {(e.rank, e.call_id) for r in ranks for e in lanes[r] if e.phase == events.END}
+    aligned: dict[tuple[int, int], Instance] = {}
+    for inst in timeline.instances.values():
+        if _aligned(inst):
+            for r, e in inst.starts.items():
+                aligned[(r, e.index)] = inst
+    rows: list[dict[int, str]] = []
+    sync_rows: set[int] = set()
+
+    def put(row: int, rank: int, text: str) -> None:
+        while len(rows) <= row:
+            rows.append({})
+        rows[row][rank] = text
+
+    ptr = {r: 0 for r in ranks}
+    next_row = {r: 0 for r in ranks}
+    reached: dict[tuple[Any, ...], set[int]] = {}
+    skip: set[tuple[Any, ...]] = set()
+    remaining = sum(len(v) for v in lanes.values())
+    while remaining:
+        progressed = False
+        for r in ranks:
+            evs = lanes[r]
+            while ptr[r] < len(evs):
+                e = evs[ptr[r]]
+                inst = aligned.get((r, e.index))
+                if inst is not None and inst.key not in skip and all(m in lanes for m in inst.members):
+                    got = reached.setdefault(inst.key, set())
+                    got.add(r)
+                    if len(got) < len(inst.members):
+                        break
+                    row = max(next_row[m] for m in inst.members)
+                    for m in inst.members:
+                        text = _cell(inst.starts[m], ended) or ""
+                        put(row, m, text)
+                        next_row[m] = row + 1
+                        ptr[m] += 1
+                        remaining -= 1
+                    sync_rows.add(row)
+                    progressed = True
+                    continue
+                text = _cell(e, ended)
+                if text is not None:
+                    put(next_row[r], r, text)
+                    next_row[r] += 1
+                ptr[r] += 1
+                remaining -= 1
+                progressed = True
+        if remaining and not progressed:
+            for r in ranks:
+                if ptr[r] < len(lanes[r]):
+                    inst = aligned.get((r, lanes[r][ptr[r]].index))
+                    if inst is not None:
+                        skip.add(inst.key)
+                        break
+    header = " | ".join(f"rank {r}".ljust(width) for r in ranks).rstrip()
+    lines = [header, "-+-".join("-" * width for _ in ranks)]
+    body = []
+    for i, row in enumerate(rows):
+        cells = []
+        for r in ranks:
+            text = row.get(r, "")
+            if len(text) > width - 1:
+                text = text[: width - 2] + "~"
+            if i in sync_rows and text:
+                cells.append((text + " ").ljust(width, "="))
+            else:
+                cells.append(text.ljust(width))
+        body.append(" | ".join(cells).rstrip())
+    if max_rows is not None and len(body) > max_rows:
+        head = max_rows // 2
+        tail = max_rows - head
+        body = [*body[:head], f"... {len(body) - max_rows} rows not shown ...", *body[-tail:]]
+    return "\n".join(lines + body)
+
+
+def chrome_trace(timeline: Timeline) -> dict[str, Any]:
+    """Chrome trace event JSON: a track per rank and thread, collectives as flow arrows."""
+    out: list[dict[str, Any]] = []
+    all_events = timeline.events
+    if not all_events:
+        return {"traceEvents": [], "displayTimeUnit": "ms"}
+    t0 = min(e.t_ns for e in all_events)
+    t_last = max(e.t_ns for e in all_events)
+
+    def us(t_ns: int) -> float:
+        return (t_ns - t0) / 1000.0
+
+    for r in timeline.ranks:
+        out.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
+    for (r, lane), name in timeline.lanes.items():
+        out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": lane, "args": {"name": name}})
+    for s in timeline.spans():
+        args = {k: v for k, v in s.start.info.items()}
+        if s.kind == events.MARK:
+            out.append(
+                {
+                    "ph": "i",
+                    "s": "t",
+                    "name": s.name,
+                    "cat": s.kind,
+                    "pid": s.rank,
+                    "tid": s.start.lane,
+                    "ts": us(s.start.t_ns),
+                    "args": args,
+                }
+            )
+            continue
+        end_ns = s.end.t_ns if s.end is not None else t_last
+        if s.end is not None:
+            args.update({f"end.{k}": v for k, v in s.end.info.items()})
+        else:
+            args["never_ended"] = True
+        out.append(
+            {
+                "ph": "X",
+                "name": s.name,
+                "cat": s.kind,
+                "pid": s.rank,
+                "tid": s.start.lane,
+                "ts": us(s.start.t_ns),
+                "dur": max(us(end_ns) - us(s.start.t_ns), 0.001),
+                "args": args,
+            }
+        )
+    flow_id = 0
+    for inst in timeline.instances.values():
+        for end, starts in inst.edges():
+            if inst.sync == collectives.ALL:
+                # one arrow, from the member whose arrival released the collective
+                starts = [max(starts, key=lambda e: e.t_ns)]
+            for start in starts:
+                if start.rank == end.rank:
+                    continue
+                flow_id += 1
+                name = inst.label()
+                out.append(
+                    {
+                        "ph": "s",
+                        "id": flow_id,
+                        "name": name,
+                        "cat": "sync",
+                        "pid": start.rank,
+                        "tid": start.lane,
+                        "ts": us(start.t_ns),
+                    }
+                )
+                end_ts = max(us(end.t_ns) - 0.001, us(start.t_ns))
+                out.append(
+                    {
+                        "ph": "f",
+                        "bp": "e",
+                        "id": flow_id,
+                        "name": name,
+                        "cat": "sync",
+                        "pid": end.rank,
+                        "tid": end.lane,
+                        "ts": end_ts,
+                    }
+                )
+    return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> str:
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(chrome_trace(timeline), f)
+    return path

@@ -1,0 +1,349 @@
+"""The merged Timeline of all ranks, and the assertions users write against it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from . import collectives, events
+from .clocks import Clocks, Instance, instances, op_of
+from .events import Event, RawEvent, to_events
+
+
+class TimelineAssertionError(AssertionError):
+    """A Timeline assertion failed; the message explains it and draws the swimlanes."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One call, barrier, collective or mark: its start and its end (None if it never ended)."""
+
+    rank: int
+    name: str
+    kind: str
+    start: Event
+    end: Event | None
+
+    def label(self) -> str:
+        return f"{self.name} on rank {self.rank} (event #{self.start.index})"
+
+
+@dataclass(frozen=True)
+class NoopBarrier:
+    rank: int
+    name: str
+    index: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"no-op barrier: {self.name!r} on rank {self.rank} (event #{self.index}) {self.reason}"
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first collective on a group where the members disagree."""
+
+    group: str
+    seq: int
+    calls: Mapping[int, str | None]  # rank -> signature, None when the rank never entered it
+    group_ranks: tuple[int, ...]
+
+    def __str__(self) -> str:
+        label = collectives.group_label(
+            self.group, list(self.group_ranks) if self.group != "default" else None
+        )
+        parts = []
+        for rank in sorted(self.calls):
+            call = self.calls[rank]
+            parts.append(f"rank {rank} {call}" if call else f"rank {rank} never entered it")
+        return f"collective #{self.seq} on {label}: " + ", ".join(parts)
+
+
+def parse_selector(selector: str) -> tuple[str, tuple[int, ...] | None]:
+    """``"setup@0,2"`` -> ("setup", (0, 2)); ``"setup"`` -> ("setup", None)."""
+    name, sep, where = selector.rpartition("@")
+    if sep and where and all(part.strip().isdigit() for part in where.split(",")):
+        return name, tuple(int(part) for part in where.split(","))
+    return selector, None
+
+
+def _where(ranks: tuple[int, ...] | None) -> str:
+    if ranks is None:
+        return "any rank"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
+
+
+class Timeline:
+    """Every rank's events, with happens-before established through synchronisation."""
+
+    def __init__(
+        self, by_rank: Mapping[int, Sequence[Event]], lanes: Mapping[tuple[int, int], str] | None = None
+    ) -> None:
+        self._by_rank = {rank: list(by_rank[rank]) for rank in sorted(by_rank)}
+        self.lanes: dict[tuple[int, int], str] = dict(lanes or {})
+
+    @classmethod
+    def from_raw(cls, raw_by_rank: Mapping[int, Iterable[RawEvent]]) -> Timeline:
+        by_rank: dict[int, list[Event]] = {}
+        lanes: dict[tuple[int, int], str] = {}
+        for rank, raw in raw_by_rank.items():
+            evs, names = to_events(rank, list(raw))
+            by_rank[rank] = evs
+            lanes.update({(rank, lane): name for lane, name in names.items()})
+        return cls(by_rank, lanes)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    @property
+    def events(self) -> list[Event]:
+        return [e for evs in self._by_rank.values() for e in evs]
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self._by_rank)
+
+    def for_rank(self, rank: int) -> list[Event]:
+        return list(self._by_rank.get(rank, []))
+
+    @cached_property
+    def instances(self) -> dict[tuple[Any, ...], Instance]:
+        return instances(self._by_rank)
+
+    @cached_property
+    def clocks(self) -> Clocks:
+        return Clocks(self._by_rank, self.instances.values())
+
+    @cached_property
+    def _spans(self) -> list[Span]:
+        out: list[Span] = []
+        for rank, evs in self._by_rank.items():
+            open_spans: dict[int, Event] = {}
+            order: list[int] = []
+            ends: dict[int, Event] = {}
+            for e in evs:
+                if e.phase == events.START:
+                    open_spans[e.call_id] = e
+                    order.append(e.call_id)
+                elif e.phase == events.END:
+                    ends[e.call_id] = e
+                else:
+                    out.append(Span(rank, e.name, e.kind, e, e))
+            for call_id in order:
+                start = open_spans[call_id]
+                out.append(Span(rank, start.name, start.kind, start, ends.get(call_id)))
+        out.sort(key=lambda s: (s.rank, s.start.index))
+        return out
+
+    def spans(self, name: str | None = None, ranks: Iterable[int] | None = None) -> list[Span]:
+        wanted = None if ranks is None else set(ranks)
+        return [
+            s
+            for s in self._spans
+            if (name is None or s.name == name) and (wanted is None or s.rank in wanted)
+        ]
+
+    def open_spans(self, rank: int) -> list[Span]:
+        """Calls and collectives a rank entered and never left (outermost first)."""
+        return [s for s in self.spans(ranks=[rank]) if s.end is None and s.kind != events.MARK]
+
+    def _select(self, selector: str) -> tuple[str, tuple[int, ...] | None, list[Span]]:
+        name, ranks = parse_selector(selector)
+        return name, ranks, self.spans(name, ranks)
+
+    # -- happens-before ----------------------------------------------------------------------
+
+    def happens_before(self, a: str, b: str) -> bool:
+        """Whether every ``a`` ends before any ``b`` starts, through synchronisation."""
+        _, _, first = self._select(a)
+        _, _, then = self._select(b)
+        return bool(first and then) and not self._violations(first, then)
+
+    def _violations(self, first: list[Span], then: list[Span]) -> list[tuple[Span, Span]]:
+        clocks = self.clocks
+        bad = []
+        for x in first:
+            for y in then:
+                if x.end is None or not clocks.happens_before(x.end, y.start):
+                    bad.append((x, y))
+        return bad
+
+    def assert_happens_before(self, a: str, b: str) -> None:
+        """Every ``a`` ends before any ``b`` starts, established by synchronisation.
+
+        ``"name"`` means the event on every rank where it occurs, ``"name@0"`` on rank 0,
+        ``"name@0,2"`` on ranks 0 and 2.
+        """
+        name_a, ranks_a, first = self._select(a)
+        name_b, ranks_b, then = self._select(b)
+        if not first:
+            self._fail(f"{a!r} does not happen before {b!r}: no {name_a!r} was recorded on {_where(ranks_a)}")
+        if not then:
+            self._fail(f"{a!r} does not happen before {b!r}: no {name_b!r} was recorded on {_where(ranks_b)}")
+        bad = self._violations(first, then)
+        if not bad:
+            return
+        lines = [f"{a!r} does not happen before {b!r}:"]
+        for x, y in bad[:3]:
+            lines.extend("  " + line for line in self._explain(x, y))
+        if len(bad) > 3:
+            lines.append(f"  ... and {len(bad) - 3} more pairs")
+        self._fail("\n".join(lines))
+
+    def _explain(self, x: Span, y: Span) -> list[str]:
+        if x.end is None:
+            return [f"{x.name} on rank {x.rank} (event #{x.start.index}) never ended"]
+        head = (
+            f"{x.name} ended on rank {x.rank} (event #{x.end.index}) and "
+            f"{y.name} started on rank {y.rank} (event #{y.start.index})"
+        )
+        if x.rank == y.rank and x.end.lane == y.start.lane:
+            return [head + f", in that order: {y.name} came first"]
+        passed = [
+            inst
+            for inst in self.instances.values()
+            if y.rank in inst.ends and inst.ends[y.rank].index < y.start.index and x.rank in inst.members
+        ]
+        passed.sort(key=lambda inst: inst.ends[y.rank].index)
+        lines = [head + ","]
+        if not passed:
+            lines.append(
+                f"and no collective connects them: rank {y.rank} took part in no collective"
+                f" with rank {x.rank} before event #{y.start.index}"
+            )
+        else:
+            lines.append(
+                f"and no collective connects them; before event #{y.start.index} rank {y.rank} passed:"
+            )
+            for inst in passed[-4:]:
+                lines.append("  " + self._describe_passage(inst, x))
+        for nb in self.noop_barriers():
+            if (nb.rank == y.rank and nb.index < y.start.index) or (
+                nb.rank == x.rank and nb.index > x.start.index
+            ):
+                lines.append(str(nb))
+        return lines
+
+    def _describe_passage(self, inst: Instance, x: Span) -> str:
+        assert x.end is not None
+        label = f"{inst.label()} on {collectives.group_label(inst.group, list(inst.members))}"
+        start = inst.starts.get(x.rank)
+        if start is None:
+            return f"{label}, which rank {x.rank} never entered"
+        if not inst.consistent:
+            return f"{label}, where the ranks called different collectives"
+        if start.index < x.end.index:
+            return f"{label}, which rank {x.rank} entered at event #{start.index}, before {x.name} ended"
+        if inst.sync == collectives.FROM_ROOT and inst.root != x.rank:
+            return f"{label}, whose root is rank {inst.root}: it orders only the root before the others"
+        if inst.sync == collectives.TO_ROOT:
+            return f"{label}, which orders the others before its root (rank {inst.root}) only"
+        return f"{label}, which does not order rank {x.rank} before it"
+
+    # -- other assertions --------------------------------------------------------------------
+
+    def assert_order(self, names: Sequence[str], rank: int | None = None) -> None:
+        """The names occur in this order (as a subsequence) on ``rank``, or on every rank."""
+        if isinstance(names, str):
+            names = [names]
+        ranks = self.ranks if rank is None else [rank]
+        problems = []
+        for r in ranks:
+            starts = [s for s in self.spans(ranks=[r])]
+            k = 0
+            last_index = -1
+            for s in starts:
+                if k < len(names) and s.name == names[k]:
+                    k += 1
+                    last_index = s.start.index
+            if k < len(names):
+                missing = names[k]
+                where = [s.start.index for s in starts if s.name == missing]
+                if k == 0:
+                    detail = f"{missing} never happened" if not where else f"{missing} at {_at(where)}"
+                else:
+                    detail = f"{names[k - 1]} at event #{last_index}, then no {missing} after it"
+                    detail += f" ({missing} at {_at(where)})" if where else f" ({missing} never happened)"
+                problems.append(f"rank {r}: {detail}")
+        if problems:
+            self._fail(
+                "order " + " -> ".join(names) + " not found:\n" + "\n".join("  " + p for p in problems)
+            )
+
+    def assert_called_once(self, name: str) -> None:
+        """On each rank where ``name`` occurs, it occurs exactly once."""
+        base, ranks, found = self._select(name)
+        if not found:
+            self._fail(f"{name!r} was never called on {_where(ranks)}")
+        counts: dict[int, list[int]] = {}
+        for s in found:
+            counts.setdefault(s.rank, []).append(s.start.index)
+        problems = [
+            f"{base!r} was called {len(idx)} times on rank {r} ({_at(idx)}); expected exactly once"
+            for r, idx in sorted(counts.items())
+            if len(idx) != 1
+        ]
+        if problems:
+            self._fail("\n".join(problems))
+
+    def noop_barriers(self) -> list[NoopBarrier]:
+        """Framework barriers (``instrument_barrier``) during which the rank issued no collective."""
+        out = []
+        for s in self._spans:
+            if s.kind != events.BARRIER or s.end is None or s.end.info.get("collectives", 1):
+                continue
+            if not s.start.info.get("group_existed", True):
+                reason = "issued no collective: no process group existed"
+            else:
+                reason = "issued no collective: the process group existed but no collective was called"
+            out.append(NoopBarrier(s.rank, s.name, s.start.index, reason))
+        return out
+
+    def assert_no_noop_barriers(self) -> None:
+        found = self.noop_barriers()
+        if found:
+            self._fail("\n".join(str(nb) for nb in found))
+
+    def collective_mismatches(self) -> list[Mismatch]:
+        """Per group, the first collective where the members called different things."""
+        by_group: dict[str, list[Instance]] = {}
+        for inst in self.instances.values():
+            if inst.key[0] == "c":
+                by_group.setdefault(inst.group, []).append(inst)
+        out = []
+        for group, insts in by_group.items():
+            for inst in sorted(insts, key=lambda i: i.seq):
+                if not inst.consistent:
+                    calls: dict[int, str | None] = {m: None for m in inst.members}
+                    for r, e in inst.starts.items():
+                        calls[r] = collectives.signature(op_of(e), dict(e.info))
+                    out.append(Mismatch(group, inst.seq, calls, inst.members))
+                    break
+        out.sort(key=lambda m: (m.seq, m.group))
+        return out
+
+    def assert_collectives_match(self) -> None:
+        found = self.collective_mismatches()
+        if found:
+            self._fail("\n".join(str(m) for m in found))
+
+    # -- export ------------------------------------------------------------------------------
+
+    def swimlanes(self, max_rows: int | None = None, width: int = 30) -> str:
+        from .export import swimlanes
+
+        return swimlanes(self, max_rows=max_rows, width=width)
+
+    def to_chrome_trace(self, path: str | os.PathLike[str]) -> str:
+        from .export import write_chrome_trace
+
+        return write_chrome_trace(self, path)
+
+    def _fail(self, message: str) -> None:
+        raise TimelineAssertionError(message + "\n\n" + self.swimlanes(max_rows=60))
+
+
+def _at(indices: Sequence[int]) -> str:
+    return ("event " if len(indices) == 1 else "events ") + ", ".join(f"#{i}" for i in indices)

@@ -30,6 +30,8 @@ from . import rankbody, rankfixtures
 from .launch.job import Job
 from .launch.run import remove_run_dir, run_job
 from .launch.zygote import Launcher
+from .leaks import Leak, LeakGuard
+from .plugin_leaks import ALLOW_HELP, RANK_LEAKS_KEY, LeakHooks
 from .recorder import Recorder, distpatch
 from .spec import MultirankSpec, SpecError, parse_multirank
 from .verdict import Verdict, decide
@@ -53,7 +55,6 @@ class MultirankRun:
     world_size: int
     dependent: set[str] = field(default_factory=set)
     timeout: float | None = None  # pytest-timeout's value, when it times this test
-    rank_leaks: list[str] = field(default_factory=list)
 
 
 RUN_KEY = pytest.StashKey[MultirankRun]()
@@ -97,8 +98,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help=f"time limit of a multirank test across its ranks (ini ddp_timeout;"
-        f" default {DEFAULT_TIMEOUT:g}).",
+        help=f"time limit of a multirank test across its ranks (ini ddp_timeout; default {DEFAULT_TIMEOUT:g}).",
     )
     parser.addini("ddp_timeout", "time limit of a multirank test, in seconds", default=str(DEFAULT_TIMEOUT))
     group.addoption(
@@ -131,10 +131,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MULTIRANK_HELP)
     config.addinivalue_line("markers", SPECIAL_HELP)
+    config.addinivalue_line("markers", ALLOW_HELP)
     if config.pluginmanager.is_blocked("ddphooks"):
         return
     if not config.pluginmanager.has_plugin("ddphooks-session"):
-        config.pluginmanager.register(DdpHooks(config), "ddphooks-session")
+        hooks = DdpHooks(config)
+        config.pluginmanager.register(hooks, "ddphooks-session")
+        guard = LeakGuard(own_processes=hooks.own_processes)
+        config.pluginmanager.register(LeakHooks(config, guard), "ddphooks-leaks")
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -189,6 +193,10 @@ class DdpHooks:
         self.session_dir: str | None = None
         self._ids = itertools.count(1)
 
+    def own_processes(self) -> set[int]:
+        """The harness's own processes, which the leak guard never reports."""
+        return {self.launcher.pid} if self.launcher is not None else set()
+
     # -- options ------------------------------------------------------------------------------
 
     def default_timeout(self) -> float:
@@ -237,9 +245,7 @@ class DdpHooks:
                 continue
             if not isinstance(item, pytest.Function) or type(item).__name__ == "TestCaseFunction":
                 item.add_marker(
-                    pytest.mark.skip(
-                        reason="multirank runs pytest test functions only, not unittest or other items"
-                    )
+                    pytest.mark.skip(reason="multirank runs pytest test functions only, not unittest or other items")
                 )
                 continue
             spec = self._spec(item.nodeid, marker)
@@ -251,7 +257,10 @@ class DdpHooks:
             rankfixtures.prune(item, dependent)
             item.stash[RUN_KEY] = MultirankRun(spec, size, dependent)
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        # Forked here: every test module is imported, no test has run yet. Collection
+        # errors stop the session before this point, so bad input never spawns anything.
         if session.config.option.collectonly:
             return
         if any(RUN_KEY in item.stash for item in session.items):
@@ -359,9 +368,17 @@ class DdpHooks:
                 item.add_report_section("call", f"stdout rank {r}", out)
             if err:
                 item.add_report_section("call", f"stderr rank {r}", err)
-        for r, res in sorted(report.results.items()):
-            run.rank_leaks.extend(f"rank {r}: process {leak}" for leak in res.leaks)
-        run.rank_leaks.extend(f"process {pid}: {cmd} (left behind by a rank)" for pid, cmd in report.swept)
+        leaked = [
+            Leak("process", cmd, f"rank {r} left process {pid} running (killed): {cmd}")
+            for r, res in sorted(report.results.items())
+            for pid, cmd in res.leaks
+        ]
+        leaked.extend(
+            Leak("process", cmd, f"process {pid} started by a rank outlived it: {cmd} (killed)")
+            for pid, cmd in report.swept
+        )
+        if leaked:
+            item.stash[RANK_LEAKS_KEY] = leaked
         if verdict.outcome == "failed":
             trace_dir = self.trace_dir()
             if trace_dir and report.timeline is not None:
@@ -386,22 +403,6 @@ class DdpHooks:
         elif isinstance(exc, RankSkipped) and report.skipped and exc.location is not None:
             report.longrepr = (exc.location[0], exc.location[1], exc.message)
         return report
-
-    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
-        run = item.stash.get(RUN_KEY, None)
-        if run is None or not run.rank_leaks:
-            return
-        leaks, run.rank_leaks = run.rank_leaks, []
-        mode = self.config.getoption("ddp_leaks") or self.config.getini("ddp_leaks")
-        text = "\n".join(f"  {leak}" for leak in leaks)
-        if mode == "fail":
-            pytest.fail(f"{item.nodeid} left processes running (killed):\n{text}", pytrace=False)
-        elif mode == "warn":
-            import warnings
-
-            warnings.warn(
-                pytest.PytestWarning(f"{item.nodeid} left processes running (killed):\n{text}"), stacklevel=1
-            )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.launcher is not None:

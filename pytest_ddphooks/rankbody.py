@@ -48,9 +48,7 @@ def register_items(items: list[pytest.Item]) -> None:
             _items[item.nodeid] = item
 
 
-def _render(
-    item: pytest.Function, exc: BaseException, markup: bool
-) -> tuple[str, str, tuple[str, int] | None]:
+def _render(item: pytest.Function, exc: BaseException, markup: bool) -> tuple[str, str, tuple[str, int] | None]:
     excinfo = ExceptionInfo.from_exception(exc)
     longrepr = item.repr_failure(excinfo)
     buf = io.StringIO()

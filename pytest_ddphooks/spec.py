@@ -27,9 +27,7 @@ class MultirankSpec:
     def signature(self) -> str:
         return (
             "multirank("
-            + ", ".join(
-                f"{k}={getattr(self, k)!r}" for k in ("backend", "nodes", "timeout", "init_process_group")
-            )
+            + ", ".join(f"{k}={getattr(self, k)!r}" for k in ("backend", "nodes", "timeout", "init_process_group"))
             + ")"
         )
 
@@ -73,9 +71,7 @@ def parse_multirank(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Multirank
         if size % nodes:
             raise SpecError(f"world_size={size} cannot be split evenly over nodes={nodes}")
     timeout = kwargs.get("timeout")
-    if timeout is not None and (
-        not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or timeout <= 0
-    ):
+    if timeout is not None and (not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or timeout <= 0):
         raise SpecError(f"timeout must be a number of seconds > 0 or None, got {_describe(timeout)}")
     init = kwargs.get("init_process_group", True)
     if not isinstance(init, bool):

@@ -15,9 +15,7 @@ from . import hangs
 from .launch.job import RankResult
 from .launch.run import RunReport
 
-_PEER_GONE = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed"
-)
+_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed")
 
 
 @dataclass
@@ -74,9 +72,7 @@ def decide(report: RunReport) -> Verdict:
         diagnosis = hangs.diagnose(report)
         lines.extend(diagnosis)
         if not message:
-            stuck = next(
-                (ln.strip() for ln in diagnosis[1:] if ": blocked in" in ln or ": still running" in ln), ""
-            )
+            stuck = next((ln.strip() for ln in diagnosis[1:] if ": blocked in" in ln or ": still running" in ln), "")
             message = f"hang after {report.job.timeout:g} s" + (f"; {stuck}" if stuck else "")
     elif died or failed:
         culprits = sorted(set(primary) | set(died), key=lambda r: (r != report.first_failure, r))
@@ -122,11 +118,7 @@ def decide(report: RunReport) -> Verdict:
         lines.extend(res.longrepr.rstrip("\n").splitlines())
     lines.extend(hangs.stack_sections(report))
     if mismatches or report.timed_out or died or failed:
-        if (
-            timeline is not None
-            and timeline.events
-            and (mismatches or report.timed_out or died or report.stopped)
-        ):
+        if timeline is not None and timeline.events and (mismatches or report.timed_out or died or report.stopped):
             lines.append("")
             lines.append("recorded timeline:")
             lines.extend(timeline.swimlanes(max_rows=80).splitlines())

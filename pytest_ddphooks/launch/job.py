@@ -43,7 +43,7 @@ class RankResult:
     message: str = ""  # one line: "AssertionError: assert 1 == 2"
     location: tuple[str, int] | None = None  # (path, line) of the failure or skip
     duration: float = 0.0
-    leaks: list[str] = field(default_factory=list)  # processes the rank left behind (killed)
+    leaks: list[tuple[int, str]] = field(default_factory=list)  # (pid, command) left running, killed
     harness_error: bool = False  # the failure came from setting the rank up, not the body
     extra: dict[str, Any] = field(default_factory=dict)
 

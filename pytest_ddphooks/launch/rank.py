@@ -115,11 +115,11 @@ def _init_group(job: Job, rank: int, store: Any, group_timeout: float) -> None:
     dist.init_process_group(**kwargs)
 
 
-def _kill_children() -> list[str]:
+def _kill_children() -> list[tuple[int, str]]:
     """Processes this rank started and left running: killed, and named for the report."""
     found = []
     for pid in zygote.descendants_of(os.getpid()):
-        found.append(f"pid {pid}: {zygote.command_line(pid)}")
+        found.append((pid, zygote.command_line(pid, settle=True)))
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     return found
@@ -130,9 +130,7 @@ def group_timeout(job: Job) -> float:
     return job.group_timeout or job.timeout + 60.0
 
 
-def rank_main(
-    job: Job, rank: int, port: int, listener: Any, body: Callable[[RankContext], RankResult]
-) -> NoReturn:
+def rank_main(job: Job, rank: int, port: int, listener: Any, body: Callable[[RankContext], RankResult]) -> NoReturn:
     started = time.monotonic()
     zygote.prctl(zygote.PR_SET_PDEATHSIG, signal.SIGKILL)
     store = None
@@ -143,9 +141,7 @@ def rank_main(
         _apply_env(job, rank, port)
         recorder = Recorder(rank, job.world_size, event_file=job.path(rank, "events"))
         limit = group_timeout(job)
-        raw_store = rendezvous.store(
-            rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit
-        )
+        raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
         if rank != 0:
             zygote.retire(listener.fileno())
         import torch.distributed as dist

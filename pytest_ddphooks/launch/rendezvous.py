@@ -73,7 +73,5 @@ def store(rank: int, world_size: int, port: int, listen_fd: int | None, timeout:
 
     wait = timedelta(seconds=timeout)
     if rank == 0:
-        return dist.TCPStore(
-            LOOPBACK, port, world_size, True, wait, wait_for_workers=False, master_listen_fd=listen_fd
-        )
+        return dist.TCPStore(LOOPBACK, port, world_size, True, wait, wait_for_workers=False, master_listen_fd=listen_fd)
     return dist.TCPStore(LOOPBACK, port, world_size, False, wait)

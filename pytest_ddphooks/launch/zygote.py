@@ -67,13 +67,20 @@ def descendants_of(pid: int) -> list[int]:
     return found
 
 
-def command_line(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return "?"
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip() or "?"
+def command_line(pid: int, settle: bool = False) -> str:
+    """The command line of a process. With ``settle``, a process caught between fork and
+    exec (its command line still empty) gets up to 100 ms to become what it will run."""
+    for _ in range(20 if settle else 1):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return "?"
+        text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if text:
+            return text
+        time.sleep(0.005)
+    return "?"
 
 
 def retire(*fds: int) -> None:

@@ -113,9 +113,7 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                     key: tuple[Any, ...] = ("c", e.info["group"], e.info["seq"])
                     inst = found.get(key)
                     if inst is None:
-                        members = e.info.get("ranks") or list(
-                            range(int(e.info.get("group_size") or len(world)))
-                        )
+                        members = e.info.get("ranks") or list(range(int(e.info.get("group_size") or len(world))))
                         _, sync, _, _ = collectives.OPS[op_of(e)]
                         inst = found[key] = Instance(
                             key, op_of(e), sync, str(e.info["group"]), tuple(members), e.info.get("root")
@@ -149,9 +147,7 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                     found_inst = found.get(("c", start.info["group"], start.info["seq"]))
                     if found_inst is not None:
                         found_inst.ends[rank] = e
-                elif (
-                    e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq")
-                ):
+                elif e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq"):
                     key = (
                         "p",
                         start.info["group"],
@@ -177,9 +173,7 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
 class Clocks:
     """Vector clocks of every event; ``happens_before`` answers from them alone."""
 
-    def __init__(
-        self, by_rank: Mapping[int, Sequence[Event]], insts: Iterable[Instance] | None = None
-    ) -> None:
+    def __init__(self, by_rank: Mapping[int, Sequence[Event]], insts: Iterable[Instance] | None = None) -> None:
         lane_events: dict[LaneKey, list[Event]] = {}
         for rank in sorted(by_rank):
             for e in by_rank[rank]:

@@ -146,8 +146,7 @@ class Recorder:
             names = tuple(
                 n
                 for n, v in vars(owner).items()
-                if not n.startswith("_")
-                and (isinstance(v, (staticmethod, classmethod)) or inspect.isfunction(v))
+                if not n.startswith("_") and (isinstance(v, (staticmethod, classmethod)) or inspect.isfunction(v))
             )
             if not names:
                 raise ValueError(f"{owner.__qualname__} defines no public method to instrument")
@@ -166,9 +165,7 @@ class Recorder:
         try:
             raw = inspect.getattr_static(target, name)
         except AttributeError:
-            raise AttributeError(
-                f"cannot instrument {owner.__qualname__}.{name}: no such attribute"
-            ) from None
+            raise AttributeError(f"cannot instrument {owner.__qualname__}.{name}: no such attribute") from None
         if isinstance(raw, (staticmethod, classmethod)):
             func = raw.__func__
         elif callable(raw):
@@ -182,9 +179,7 @@ class Recorder:
 
             def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 __tracebackhide__ = True
-                call_id = recorder.begin(
-                    kind, event_name, {"qualname": qualname, "group_existed": _group_exists()}
-                )
+                call_id = recorder.begin(kind, event_name, {"qualname": qualname, "group_existed": _group_exists()})
                 before = recorder.issued_on_this_thread()
                 try:
                     result = fn(*args, **kwargs)
@@ -196,9 +191,7 @@ class Recorder:
                         {"collectives": recorder.issued_on_this_thread() - before, "error": _error_text(exc)},
                     )
                     raise
-                recorder.end(
-                    call_id, kind, event_name, {"collectives": recorder.issued_on_this_thread() - before}
-                )
+                recorder.end(call_id, kind, event_name, {"collectives": recorder.issued_on_this_thread() - before})
                 return result
 
         else:

@@ -52,9 +52,7 @@ class Mismatch:
     group_ranks: tuple[int, ...]
 
     def __str__(self) -> str:
-        label = collectives.group_label(
-            self.group, list(self.group_ranks) if self.group != "default" else None
-        )
+        label = collectives.group_label(self.group, list(self.group_ranks) if self.group != "default" else None)
         parts = []
         for rank in sorted(self.calls):
             call = self.calls[rank]
@@ -139,11 +137,7 @@ class Timeline:
 
     def spans(self, name: str | None = None, ranks: Iterable[int] | None = None) -> list[Span]:
         wanted = None if ranks is None else set(ranks)
-        return [
-            s
-            for s in self._spans
-            if (name is None or s.name == name) and (wanted is None or s.rank in wanted)
-        ]
+        return [s for s in self._spans if (name is None or s.name == name) and (wanted is None or s.rank in wanted)]
 
     def open_spans(self, rank: int) -> list[Span]:
         """Calls and collectives a rank entered and never left (outermost first)."""
@@ -214,15 +208,11 @@ class Timeline:
                 f" with rank {x.rank} before event #{y.start.index}"
             )
         else:
-            lines.append(
-                f"and no collective connects them; before event #{y.start.index} rank {y.rank} passed:"
-            )
+            lines.append(f"and no collective connects them; before event #{y.start.index} rank {y.rank} passed:")
             for inst in passed[-4:]:
                 lines.append("  " + self._describe_passage(inst, x))
         for nb in self.noop_barriers():
-            if (nb.rank == y.rank and nb.index < y.start.index) or (
-                nb.rank == x.rank and nb.index > x.start.index
-            ):
+            if (nb.rank == y.rank and nb.index < y.start.index) or (nb.rank == x.rank and nb.index > x.start.index):
                 lines.append(str(nb))
         return lines
 
@@ -268,9 +258,7 @@ class Timeline:
                     detail += f" ({missing} at {_at(where)})" if where else f" ({missing} never happened)"
                 problems.append(f"rank {r}: {detail}")
         if problems:
-            self._fail(
-                "order " + " -> ".join(names) + " not found:\n" + "\n".join("  " + p for p in problems)
-            )
+            self._fail("order " + " -> ".join(names) + " not found:\n" + "\n".join("  " + p for p in problems))
 
     def assert_called_once(self, name: str) -> None:
         """On each rank where ``name`` occurs, it occurs exactly once."""

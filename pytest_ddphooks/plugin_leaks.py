@@ -1,0 +1,213 @@
+"""The leak guard's pytest hooks: snapshot before setup, compare after teardown, clean, report.
+
+What a fixture of wider scope (module, class, package, session) creates during a test's
+setup is not that test's leak: it is checked when that scope ends, and reported then in the
+name of the fixture. Everything else new after teardown is the test's own leak.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from .leaks import DEFAULT_ALLOW, Allowlist, Leak, LeakGuard, Snapshot
+
+BEFORE_KEY = pytest.StashKey[Snapshot]()
+SCOPED_KEY = pytest.StashKey[list[Any]]()
+AFTER_SETUP_KEY = pytest.StashKey[Snapshot]()
+RANK_LEAKS_KEY = pytest.StashKey[list[Leak]]()
+ALLOW_MARKER = "ddp_allow_leaks"
+ALLOW_HELP = (
+    "ddp_allow_leaks(*entries): let this test leave the named things behind, e.g."
+    " 'thread:worker-*', 'process:*redis*', 'group', 'socket:127.0.0.1:*', 'env:MASTER_PORT';"
+    " no entries allows everything"
+)
+
+
+class LeakWarning(pytest.PytestWarning):
+    """A test left a process group, process, thread, socket or variable behind."""
+
+
+@dataclass
+class _Pending:
+    """Things a wider-scoped fixture made during a test's setup, checked when it ends."""
+
+    nodes: list[pytest.Node]
+    fixtures: list[str]
+    test: str
+    before: Snapshot
+    leaks: list[Leak]
+
+
+def _same(a: Leak, b: Leak) -> bool:
+    return (a.kind, a.key, a.ref) == (b.kind, b.key, b.ref)
+
+
+class LeakHooks:
+    def __init__(self, config: pytest.Config, guard: LeakGuard) -> None:
+        self.config = config
+        self.guard = guard
+        self.mode = config.getoption("ddp_leaks") or config.getini("ddp_leaks")
+        if self.mode not in ("fail", "warn", "off"):
+            raise pytest.UsageError(f"ddp_leaks={self.mode!r}: use fail, warn or off")
+        try:
+            self.allow = Allowlist(DEFAULT_ALLOW).extended(config.getini("ddp_leaks_allow"))
+        except ValueError as exc:
+            raise pytest.UsageError(f"ini ddp_leaks_allow: {exc}") from None
+        self.pending: list[_Pending] = []
+        self.session_report: list[str] = []
+
+    def _allow_for(self, item: pytest.Item) -> Allowlist | None:
+        """The allowlist of one test, or None when its marker allows everything."""
+        allow = self.allow
+        for mark in item.iter_markers(ALLOW_MARKER):
+            if not mark.args:
+                return None
+            try:
+                allow = allow.extended(mark.args)
+            except ValueError as exc:
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{ALLOW_MARKER}: {exc}") from None
+        return allow
+
+    @staticmethod
+    def _scoped_fixtures(item: pytest.Item) -> list[Any]:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            return []
+        out = []
+        for name in getattr(item, "fixturenames", ()):
+            defs = info.name2fixturedefs.get(name)
+            if defs and defs[-1].scope != "function":
+                out.append(defs[-1])
+        return out
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        if self.mode == "off":
+            return (yield)
+        item.stash[BEFORE_KEY] = self.guard.snapshot()
+        fresh = [fd for fd in self._scoped_fixtures(item) if fd.cached_result is None]
+        try:
+            return (yield)
+        finally:
+            made = [fd for fd in fresh if fd.cached_result is not None]
+            if made:
+                item.stash[SCOPED_KEY] = made
+                item.stash[AFTER_SETUP_KEY] = self.guard.snapshot()
+
+    def _scope_node(self, item: pytest.Item, scope: str) -> pytest.Node:
+        kinds = {"class": pytest.Class, "module": pytest.Module, "package": pytest.Package}
+        node = item.getparent(kinds[scope]) if scope in kinds else None
+        return node if node is not None else item.session
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        try:
+            return (yield)
+        finally:
+            self._check(item)
+
+    def _check(self, item: pytest.Item) -> None:
+        before = item.stash.get(BEFORE_KEY, None)
+        rank_leaks = item.stash.get(RANK_LEAKS_KEY, [])
+        if before is None:
+            self._report(item, rank_leaks, [], None)
+            return
+        leaks = self.guard.find(before)
+        after_setup = item.stash.get(AFTER_SETUP_KEY, None)
+        if after_setup is not None:
+            made_in_setup = self.guard.find(before, after_setup)
+            owned = [lk for lk in leaks if any(_same(lk, m) for m in made_in_setup)]
+            if owned:
+                fixtures = item.stash[SCOPED_KEY]
+                nodes = [self._scope_node(item, fd.scope) for fd in fixtures]
+                names = [f"{fd.argname!r} ({fd.scope} scope)" for fd in fixtures]
+                self.pending.append(_Pending(nodes, names, item.nodeid, before, owned))
+                leaks = [lk for lk in leaks if not any(_same(lk, o) for o in owned)]
+        ended = self._ended_scopes(item)
+        self._report(item, rank_leaks + leaks, ended, before)
+
+    def _ended_scopes(self, item: pytest.Item) -> list[tuple[_Pending, list[Leak]]]:
+        stack = getattr(item.session, "_setupstate", None)
+        live = getattr(stack, "stack", None)
+        out = []
+        for entry in list(self.pending):
+            if live is not None and any(node in live for node in entry.nodes):
+                continue
+            self.pending.remove(entry)
+            still = [lk for lk in self.guard.find(entry.before) if any(_same(lk, o) for o in entry.leaks)]
+            if still:
+                out.append((entry, still))
+        return out
+
+    def _report(
+        self,
+        item: pytest.Item,
+        leaks: list[Leak],
+        ended: list[tuple[_Pending, list[Leak]]],
+        before: Snapshot | None,
+    ) -> None:
+        if self.mode == "off":
+            return
+        allow = self._allow_for(item)
+        own = [lk for lk in leaks if allow is not None and not allow.allows(lk)]
+        # allowed things are long-lived on purpose: they are left alone, not cleaned
+        problems: list[str] = []
+        if before is not None and any(lk.kind == "group" for lk in own):
+            # a group owns sockets (its store, gloo's pairs): destroy it, then see what is left
+            problems.extend(self.guard.clean([lk for lk in own if lk.kind == "group"], before))
+            still_open = {lk.key for lk in self.guard.find(before) if lk.kind == "socket"}
+            own = [lk for lk in own if lk.kind != "socket" or lk.key in still_open]
+        if before is not None:
+            rest = [lk for lk in own if lk.kind != "group" and (lk.ref or lk.kind != "process")]
+            problems.extend(self.guard.clean(rest, before))
+        scoped_lines = []
+        for entry, still in ended:
+            still = [lk for lk in still if not self.allow.allows(lk)]
+            if not still:
+                continue
+            problems.extend(self.guard.clean(still, entry.before))
+            scoped_lines.append(
+                f"fixture {', '.join(entry.fixtures)}, set up for {entry.test},"
+                " left behind when its scope ended (cleaned up):"
+            )
+            scoped_lines.extend(f"  {lk}" for lk in still)
+        if not (own or scoped_lines):
+            return
+        lines = []
+        if own:
+            lines.append(f"{item.nodeid} leaked (cleaned up before the next test):")
+            lines.extend(f"  {lk}" for lk in own)
+        lines.extend(scoped_lines)
+        lines.extend(f"  note: {p}" for p in problems)
+        message = "\n".join(lines)
+        if self.mode == "fail":
+            pytest.fail(message, pytrace=False)
+        warnings.warn(LeakWarning(message), stacklevel=1)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.mode == "off":
+            return
+        for entry in self.pending:
+            still = [lk for lk in self.guard.find(entry.before) if any(_same(lk, o) for o in entry.leaks)]
+            still = [lk for lk in still if not self.allow.allows(lk)]
+            if still:
+                self.guard.clean(still, entry.before)
+                self.session_report.append(
+                    f"fixture {', '.join(entry.fixtures)}, set up for {entry.test},"
+                    " left behind at the end of the session (cleaned up):"
+                )
+                self.session_report.extend(f"  {lk}" for lk in still)
+        self.pending.clear()
+        if self.session_report and self.mode == "fail" and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.session_report:
+            terminalreporter.section("ddphooks leak guard", sep="=")
+            for line in self.session_report:
+                terminalreporter.line(line)

@@ -36,8 +36,12 @@ from .recorder import Recorder, distpatch
 from .spec import MultirankSpec, SpecError, parse_multirank
 from .verdict import Verdict, decide
 
-# Before any conftest imports torch: torch.distributed is patched as it loads.
+# Before any conftest imports torch: torch.distributed is patched as it loads. It is then
+# imported here, in every pytest process: pytester's in-process runs drop the modules an inner
+# session imported, and a second import of torch in one process crashes it; imported by the
+# outer session, torch survives every inner one.
 distpatch.install()
+import torch.distributed  # noqa: E402, F401
 
 DEFAULT_TIMEOUT = 60.0
 MULTIRANK_HELP = (

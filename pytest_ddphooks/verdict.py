@@ -63,7 +63,6 @@ def decide(report: RunReport) -> Verdict:
     failed = [r for r, res in sorted(report.results.items()) if res.outcome == "failed"]
     died = [r for r in range(n) if report.died(r)]
     primary = [r for r in failed if not _consequence(report, r, report.results[r])]
-    primary.sort(key=lambda r: (r != report.first_failure, r))
     lines: list[str] = [f"desync: {m}" for m in mismatches]
     message = f"desync: {mismatches[0]}" if mismatches else ""
     location: tuple[str, int] | None = None
@@ -75,7 +74,7 @@ def decide(report: RunReport) -> Verdict:
             stuck = next((ln.strip() for ln in diagnosis[1:] if ": blocked in" in ln or ": still running" in ln), "")
             message = f"hang after {report.job.timeout:g} s" + (f"; {stuck}" if stuck else "")
     elif died or failed:
-        culprits = sorted(set(primary) | set(died), key=lambda r: (r != report.first_failure, r))
+        culprits = sorted(set(primary) | set(died))
         lines.append(f"multirank test failed on {_ranks(culprits or failed)} of {n}")
         for r in range(n):
             res = report.results.get(r)

@@ -169,6 +169,8 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, body: Callable[[Ran
         with contextlib.suppress(Exception):
             stream.flush()
     result.write(job.path(rank, "result"))
+    # from here on the rank only takes its leave: nothing it prints is the test's output
+    zygote.retire(1, 2)
     if store is not None:
         with contextlib.suppress(Exception):
             _exit_barrier(store, rank, job.world_size, result.outcome == "failed", group_timeout(job))
@@ -183,6 +185,7 @@ def _exit_barrier(store: Any, rank: int, world_size: int, failed: bool, timeout:
     leaves after everyone else."""
     store.set(f"exit/{rank}", b"1")
     if failed:
+        store.set(f"left/{rank}", b"1")
         return
     wait = timedelta(seconds=timeout)
     store.wait([f"exit/{r}" for r in range(world_size)], wait)

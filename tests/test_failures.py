@@ -1,0 +1,312 @@
+"""What a failing multirank test says, in the words a user reads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def test_assertion_on_some_ranks_names_each_with_its_own_traceback(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=3)
+        def test_values(rank):
+            dist.barrier()
+            expected = [0, 10, 20]
+            value = rank * 10 if rank != 2 else 25
+            if rank >= 1:
+                assert value == expected[rank] + 1
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "multirank test failed on ranks 1,2 of 3",
+        "  rank 0: passed",
+        "  rank 1: failed: assert 10 == (10 + 1)",
+        "  rank 2: failed: assert 25 == (20 + 1)",
+        "*-- rank 1*",
+        ">*assert value == expected[[]rank[]] + 1",
+        "E       assert 10 == (10 + 1)",
+        "*-- rank 2*",
+        "E       assert 25 == (20 + 1)",
+    )
+    ran.lines("FAILED test_inner.py::test_values - ranks 1,2 failed; rank 1: assert 10 == (10 + 1)")
+
+
+def test_output_of_each_rank_is_its_own_report_section(inner) -> None:
+    ran = inner(
+        """
+        import sys
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_talk(rank):
+            print(f"out from rank {rank}")
+            print(f"err from rank {rank}", file=sys.stderr)
+            assert rank == 0
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "*- Captured stdout rank 0 call -*",
+        "out from rank 0",
+        "*- Captured stderr rank 0 call -*",
+        "err from rank 0",
+        "*- Captured stdout rank 1 call -*",
+        "out from rank 1",
+        "*- Captured stderr rank 1 call -*",
+        "err from rank 1",
+    )
+
+
+def test_output_of_passing_ranks_shows_with_rA(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_talk(rank):
+            print(f"hello {rank}")
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=1)
+    ran.lines("*Captured stdout rank 0 call*", "hello 0", "*Captured stdout rank 1 call*", "hello 1")
+
+
+DEATHS = {
+    "exit": ("os._exit(3)", "rank 1 died: exit code 3"),
+    "segv": ("os.kill(os.getpid(), signal.SIGSEGV)", "rank 1 died: killed by SIGSEGV"),
+    "kill": ("os.kill(os.getpid(), signal.SIGKILL)", "rank 1 died: killed by SIGKILL"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(DEATHS))
+def test_a_rank_that_dies_is_named_and_the_others_stop_at_once(inner, how: str) -> None:
+    action, words = DEATHS[how]
+    ran = inner(
+        f"""
+        import os
+        import signal
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=3)
+        def test_die(rank):
+            dist.barrier()
+            if rank == 1:
+                {action}
+            dist.barrier()  # ranks 0 and 2 wait here for a rank that is gone
+        """,
+        "--ddp-timeout=60",
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "multirank test failed on rank 1 of 3",
+        "*rank 0: stopped after rank 1 died*",
+        f"{words} before it could report",
+    )
+    assert ran.seconds < 20, "the others must be stopped at once, not at the 60 s limit"
+
+
+def test_segfault_shows_the_crashing_line(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import signal
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_die(rank):
+            if rank == 0:
+                os.kill(os.getpid(), signal.SIGSEGV)
+        """
+    )
+    ran.lines(
+        "rank 0 died: killed by SIGSEGV before it could report",
+        "  Fatal Python error: Segmentation fault",
+        "*test_inner.py*, line 8, in test_die",
+        "*os.kill(os.getpid(), signal.SIGSEGV)",
+    )
+
+
+def test_exception_on_one_rank_while_the_other_waits_ends_fast(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_raise(rank):
+            if rank == 0:
+                raise ValueError("boom on rank 0")
+            dist.barrier()
+        """,
+        "--ddp-timeout=60",
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("multirank test failed on rank 0 of 2", "  rank 0: failed: ValueError: boom on rank 0", "*rank 1:*")
+    ran.lines("E*ValueError: boom on rank 0")
+    assert ran.seconds < 20
+
+
+def test_skip_and_xfail_in_the_body_behave_as_in_a_plain_test(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_skip(rank):
+            pytest.skip("not on this machine")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_xfail_call(rank):
+            pytest.xfail("known bug")
+
+        @pytest.mark.multirank(world_size=2)
+        @pytest.mark.xfail(reason="known", strict=True)
+        def test_xfail_marker(rank):
+            assert rank == 5
+
+        @pytest.mark.multirank(world_size=2)
+        @pytest.mark.xfail(reason="should fail", strict=True)
+        def test_xpass_strict(rank):
+            pass
+
+        @pytest.mark.multirank(world_size=2)
+        @pytest.mark.skipif(True, reason="skipped by marker")
+        def test_skipif(rank):
+            raise AssertionError("must not run")
+        """,
+        "-rsxX",
+    )
+    ran.result.assert_outcomes(skipped=2, xfailed=2, failed=1)
+    ran.lines("SKIPPED [[]1[]] test_inner.py:5: not on this machine")
+    ran.lines("*XFAIL test_inner.py::test_xfail_call - known bug*")
+    ran.lines("*[[]XPASS(strict)[]] should fail*")
+
+
+def test_skip_on_some_ranks_says_so(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_partial(rank):
+            if rank == 1:
+                pytest.skip("rank 1 has no data")
+        """,
+        "-rs",
+    )
+    ran.result.assert_outcomes(skipped=1)
+    ran.lines("*rank 1 has no data (on rank 1; the other ranks passed)*")
+
+
+BAD_MARKERS = {
+    "zero": ("world_size=0", "world_size must be an int >= 1 or a list of them, got 0 (int)"),
+    "negative": ("world_size=-1", "world_size must be an int >= 1 or a list of them, got -1 (int)"),
+    "string": ('world_size="2"', "world_size must be an int >= 1 or a list of them, got '2' (str)"),
+    "backend": ('world_size=2, backend="mpi2"', "backend='mpi2' is not supported; use one of: 'gloo', 'nccl'"),
+    "keyword": ("world_size=2, nodez=2", "multirank() got an unexpected keyword argument 'nodez'*"),
+    "nodes": ("world_size=3, nodes=2", "world_size=3 cannot be split evenly over nodes=2"),
+    "timeout": ("world_size=2, timeout=-5", "timeout must be a number of seconds > 0 or None, got -5 (int)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MARKERS))
+def test_bad_marker_input_is_a_collection_error_and_spawns_nothing(inner, tmp_path, case: str) -> None:
+    args, words = BAD_MARKERS[case]
+    flag = tmp_path / "ran"
+    ran = inner(
+        f"""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_good(rank):
+            open({str(flag)!r}, "a").write("good ran")
+
+        @pytest.mark.multirank({args})
+        def test_bad(rank):
+            open({str(flag)!r}, "a").write("bad ran")
+        """
+    )
+    ran.result.assert_outcomes(errors=1)
+    ran.lines("*ERROR collecting test_inner.py*", f"test_inner.py::test_bad: @pytest.mark.multirank: {words}")
+    assert not flag.exists(), "no rank may run when collection failed"
+
+
+def test_unittest_methods_are_refused_clearly(inner) -> None:
+    ran = inner(
+        """
+        import unittest
+        import pytest
+
+        class TestCase(unittest.TestCase):
+            @pytest.mark.multirank(world_size=2)
+            def test_method(self):
+                pass
+        """,
+        "-rs",
+    )
+    ran.result.assert_outcomes(skipped=1)
+    ran.lines("*multirank runs pytest test functions only*")
+
+
+def _processes_with(tag: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if tag.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_after_the_session_no_process_and_no_file_is_left(inner, tmp_path, monkeypatch) -> None:
+    tag = f"DDPHOOKS_CLEANUP_TAG={os.getpid()}x{id(tmp_path)}"
+    monkeypatch.setenv("DDPHOOKS_CLEANUP_TAG", tag.partition("=")[2])
+    private_tmp = tmp_path / "tmpdir"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    ran = inner(
+        """
+        import os
+        import signal
+        import subprocess
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_pass(rank):
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_hang(rank):
+            if rank == 0:
+                dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_grandchild(rank):
+            subprocess.Popen(["sleep", "300"], start_new_session=True)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_die(rank):
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.barrier()
+        """,
+        f"--basetemp={tmp_path / 'basetemp'}",
+        subprocess=True,
+    )
+    # test_grandchild passes, then errors in teardown: its rank's child outlived it
+    ran.result.assert_outcomes(passed=2, failed=2, errors=1)
+    assert _processes_with(tag) == [], "a process the plugin started outlived the session"
+    assert list(private_tmp.iterdir()) == [], "the plugin left files in the temporary folder"

@@ -1,0 +1,54 @@
+"""The plugin loads through its entry point, can be turned off, and may also be named."""
+
+from __future__ import annotations
+
+import pytest
+
+BODY = """
+import pytest
+
+@pytest.mark.multirank(world_size=2)
+def test_ranks(rank, world_size):
+    assert world_size == 2
+"""
+
+
+def test_loads_through_the_entry_point(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.multirank(world_size=2, *, backend='gloo'*", "@pytest.mark.special*"])
+    help_text = pytester.runpytest("--help").stdout.str()
+    for option in ("--ddp-timeout=SECONDS", "--ddp-leaks={fail,warn,off}", "--ddp-trace-dir=DIR"):
+        assert option in help_text
+
+
+def test_no_ddphooks_turns_it_off(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_off=BODY)
+    result = pytester.runpytest("-p", "no:ddphooks")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'rank' not found*"])
+
+
+def test_named_in_conftest_and_loaded_by_entry_point_is_harmless(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest('pytest_plugins = ["pytest_ddphooks.plugin"]')
+    pytester.makepyfile(test_twice=BODY)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_named_in_conftest_without_autoload(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makeconftest('pytest_plugins = ["pytest_ddphooks.plugin"]')
+    pytester.makepyfile(test_explicit=BODY)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_recorder_imports_without_pytest() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import pytest_ddphooks; from pytest_ddphooks import Recorder, Timeline;"
+        "assert 'pytest' not in sys.modules and '_pytest' not in sys.modules, sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

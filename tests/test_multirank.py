@@ -1,0 +1,346 @@
+"""multirank runs the body on real, fresh rank processes joined in one gloo group."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_body_runs_once_per_rank_in_distinct_processes(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=4)
+        def test_ranks(rank, world_size):
+            assert dist.is_initialized() and dist.get_backend() == "gloo"
+            assert (dist.get_rank(), dist.get_world_size()) == (rank, world_size) == (rank, 4)
+            pids = [None] * world_size
+            dist.all_gather_object(pids, os.getpid())
+            assert len(set(pids)) == 4 and os.getpid() not in (os.getppid(),)
+            t = torch.tensor([float(rank)])
+            dist.all_reduce(t)
+            assert t.item() == 6.0
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_group_is_created_before_and_destroyed_after_the_body(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_one(rank):
+            assert dist.is_initialized()
+
+        def test_plain_after():
+            # the pytest process never held the ranks' group
+            assert not dist.is_initialized()
+        """
+    )
+    ran.result.assert_outcomes(passed=2)
+
+
+def test_world_size_list_makes_one_item_per_size(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.parametrize("x", ["a", "b"])
+        @pytest.mark.multirank(world_size=[1, 2, 3])
+        def test_sizes(x, world_size, rank):
+            assert dist.get_world_size() == world_size
+        """,
+        "-v",
+    )
+    ran.result.assert_outcomes(passed=6)
+    ran.lines("*test_sizes[[]a-1[]] PASSED*", "*test_sizes[[]a-2[]] PASSED*", "*test_sizes[[]b-3[]] PASSED*")
+
+
+def test_world_size_list_without_the_fixture_still_sets_the_size(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=[2, 4])
+        def test_sizes():
+            assert dist.get_world_size() in (2, 4)
+        """,
+        "-v",
+    )
+    ran.result.assert_outcomes(passed=2)
+    ran.lines("*test_sizes[[]2[]] PASSED*", "*test_sizes[[]4[]] PASSED*")
+
+
+def test_fixtures_and_parameters_reach_the_ranks(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def config():
+            return {"lr": 0.1, "steps": [1, 2, 3]}
+
+        @pytest.fixture
+        def scaled(config):
+            return config["lr"] * 10
+
+        @pytest.mark.multirank(world_size=2)
+        @pytest.mark.parametrize("n", [3, 5])
+        def test_values(config, scaled, n, rank):
+            assert config == {"lr": 0.1, "steps": [1, 2, 3]}
+            assert scaled == 1.0
+            assert n in (3, 5)
+        """
+    )
+    ran.result.assert_outcomes(passed=2)
+
+
+def test_fixture_that_depends_on_rank_is_evaluated_in_each_rank(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        events = []
+
+        @pytest.fixture
+        def seed(rank):
+            events.append("setup")
+            yield 100 + rank
+            events.append("teardown")
+
+        @pytest.fixture
+        def doubled(seed, tmp_path):
+            return seed * 2
+
+        @pytest.mark.multirank(world_size=2)
+        def test_per_rank(seed, doubled, rank):
+            assert seed == 100 + rank
+            assert doubled == 2 * (100 + rank)
+            assert events == ["setup"]
+            seeds = [None, None]
+            dist.all_gather_object(seeds, seed)
+            assert seeds == [100, 101]
+
+        def test_pytest_process_never_ran_it():
+            assert events == []
+        """
+    )
+    ran.result.assert_outcomes(passed=2)
+
+
+def test_monkeypatch_in_a_rank_applies_there(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture
+        def env(monkeypatch, rank):
+            monkeypatch.setenv("MY_RANK_VALUE", str(rank))
+
+        @pytest.mark.multirank(world_size=2)
+        def test_env(env, rank):
+            assert os.environ["MY_RANK_VALUE"] == str(rank)
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_environment_of_the_pytest_process_reaches_the_ranks(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture
+        def flag(monkeypatch):
+            # set in the pytest process, during setup
+            monkeypatch.setenv("FROM_PYTEST", "yes")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_env(flag):
+            assert os.environ["FROM_PYTEST"] == "yes"
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_unsendable_fixture_fails_naming_it(inner) -> None:
+    ran = inner(
+        """
+        import threading
+        import pytest
+
+        @pytest.fixture
+        def lock():
+            return threading.Lock()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_lock(lock):
+            pass
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("*fixture 'lock' cannot be sent to the ranks: TypeError: cannot pickle '_thread.lock' object*")
+
+
+def test_tmp_path_is_one_folder_for_all_ranks(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=3)
+        def test_shared(rank, tmp_path, shared_tmp_path):
+            assert shared_tmp_path == tmp_path
+            (tmp_path / f"r{rank}").write_text(str(rank))
+            dist.barrier()
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["r0", "r1", "r2"]
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_simulated_nodes_get_torchrun_variables_and_a_folder_each(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=4, nodes=2)
+        def test_nodes(rank, node_tmp_path, tmp_path):
+            env = os.environ
+            assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
+            assert env["LOCAL_RANK"] == str([0, 1, 0, 1][rank])
+            assert env["NODE_RANK"] == env["GROUP_RANK"] == str([0, 0, 1, 1][rank])
+            assert env["LOCAL_WORLD_SIZE"] == "2"
+            assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+            assert node_tmp_path != tmp_path
+            (node_tmp_path / f"r{rank}").touch()
+            dist.barrier()
+            mine = sorted(p.name for p in node_tmp_path.iterdir())
+            assert mine == (["r0", "r1"] if rank < 2 else ["r2", "r3"])
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_external_launcher_mode_has_the_environment_but_no_group(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, init_process_group=False)
+        def test_self_init(rank, world_size):
+            assert not dist.is_initialized()
+            for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
+                assert name in os.environ
+            dist.init_process_group("gloo")  # env:// as a trainer under torchrun does
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2
+            dist.destroy_process_group()
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("init", [True, False])
+def test_nothing_listens_beyond_loopback(inner, init: bool) -> None:
+    ran = inner(
+        f"""
+        import psutil
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=3, init_process_group={init})
+        def test_listeners(rank):
+            if not dist.is_initialized():
+                dist.init_process_group("gloo")
+            dist.all_reduce(torch.ones(2))
+            listening = [c.laddr for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
+            assert listening, "gloo and the store listen somewhere"
+            assert all(addr.ip == "127.0.0.1" for addr in listening), listening
+            dist.barrier()
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_class_tests_and_instance_state(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        class TestTrainer:
+            @pytest.fixture(autouse=True)
+            def prepare(self):
+                self.prepared = "yes"
+
+            @pytest.mark.multirank(world_size=2)
+            def test_method(self, rank):
+                assert self.prepared == "yes"
+                assert dist.get_world_size() == 2
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_nccl_is_skipped_without_enough_gpus(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2, backend="nccl")
+        def test_gpu(rank):
+            raise AssertionError("must not run")
+        """,
+        "-rs",
+    )
+    ran.result.assert_outcomes(skipped=1)
+    ran.lines("*multirank(backend='nccl') needs 2 GPUs, 0 visible*")
+
+
+def test_world_size_one_is_a_real_single_rank_group(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=1)
+        def test_single(rank):
+            assert rank == 0 and dist.get_world_size() == 1
+            dist.barrier()
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_plain_tests_are_untouched(inner) -> None:
+    ran = inner(
+        """
+        import os
+
+        def test_plain(rank, world_size):
+            assert (rank, world_size) == (0, 1)
+            assert "RANK" not in os.environ
+        """
+    )
+    ran.result.assert_outcomes(passed=1)

@@ -30,9 +30,9 @@ def test_assertion_on_some_ranks_names_each_with_its_own_traceback(inner) -> Non
         "  rank 2: failed: assert 25 == (20 + 1)",
         "*-- rank 1*",
         ">*assert value == expected[[]rank[]] + 1",
-        "E       assert 10 == (10 + 1)",
+        "E*assert 10 == (10 + 1)",
         "*-- rank 2*",
-        "E       assert 25 == (20 + 1)",
+        "E*assert 25 == (20 + 1)",
     )
     ran.lines("FAILED test_inner.py::test_values - ranks 1,2 failed; rank 1: assert 10 == (10 + 1)")
 

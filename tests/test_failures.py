@@ -34,7 +34,7 @@ def test_assertion_on_some_ranks_names_each_with_its_own_traceback(inner) -> Non
         "*-- rank 2*",
         "E*assert 25 == (20 + 1)",
     )
-    ran.lines("FAILED test_inner.py::test_values - ranks 1,2 failed; rank 1: assert 10 == (10 + 1)")
+    ran.lines("FAILED test_inner.py::test_values - ranks 1,2 failed; rank 1: assert 10*")
 
 
 def test_output_of_each_rank_is_its_own_report_section(inner) -> None:

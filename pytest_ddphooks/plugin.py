@@ -32,6 +32,7 @@ from .launch.run import remove_run_dir, run_job
 from .launch.zygote import Launcher
 from .leaks import Leak, LeakGuard
 from .plugin_leaks import ALLOW_HELP, RANK_LEAKS_KEY, LeakHooks
+from .plugin_special import TARGET_ENV, SpecialChildHooks, SpecialHooks, is_special, runs_here
 from .recorder import Recorder, distpatch
 from .spec import MultirankSpec, SpecError, parse_multirank
 from .verdict import Verdict, decide
@@ -62,6 +63,7 @@ class MultirankRun:
 
 
 RUN_KEY = pytest.StashKey[MultirankRun]()
+TIMEOUT_KEY = pytest.StashKey[float]()  # pytest-timeout's value for a test we time ourselves
 
 
 class MultirankFailed(Exception):
@@ -143,6 +145,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(hooks, "ddphooks-session")
         guard = LeakGuard(own_processes=hooks.own_processes)
         config.pluginmanager.register(LeakHooks(config, guard), "ddphooks-leaks")
+        config.pluginmanager.register(SpecialHooks(config, hooks.folder, hooks.special_limit), "ddphooks-special")
+        if TARGET_ENV in os.environ:
+            config.pluginmanager.register(SpecialChildHooks(config), "ddphooks-special-child")
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -196,6 +201,22 @@ class DdpHooks:
         self.launcher: Launcher | None = None
         self.session_dir: str | None = None
         self._ids = itertools.count(1)
+
+    def folder(self) -> str:
+        """This session's private folder for run files (removed at the end of the session)."""
+        if self.session_dir is None:
+            self.session_dir = tempfile.mkdtemp(prefix="ddphooks-")
+        return self.session_dir
+
+    def special_limit(self, item: pytest.Item) -> float:
+        """How long a special test may run in its interpreter once it started."""
+        run = item.stash.get(RUN_KEY, None)
+        if run is not None:
+            return self._timeout(run) + 30.0  # the child's own watchdog reports first
+        if TIMEOUT_KEY in item.stash:
+            # pytest-timeout times the test in the child; this only catches what it cannot stop
+            return item.stash[TIMEOUT_KEY] + 10.0
+        return self.default_timeout()
 
     def own_processes(self) -> set[int]:
         """The harness's own processes, which the leak guard never reports."""
@@ -267,34 +288,42 @@ class DdpHooks:
         # errors stop the session before this point, so bad input never spawns anything.
         if session.config.option.collectonly:
             return
-        if any(RUN_KEY in item.stash for item in session.items):
+        if any(RUN_KEY in item.stash and (runs_here(item) or not is_special(item)) for item in session.items):
             self._start_launcher(session)
 
     def _start_launcher(self, session: pytest.Session) -> None:
         if self.launcher is not None:
             return
         rankbody.register_items(session.items)
-        self.session_dir = tempfile.mkdtemp(prefix="ddphooks-")
         self.launcher = Launcher(
             lambda job: lambda ctx: rankbody.run_in_rank(job, ctx),
-            log_path=os.path.join(self.session_dir, "launcher.log"),
+            log_path=os.path.join(self.folder(), "launcher.log"),
         )
         self.launcher.start()
 
     # -- running ------------------------------------------------------------------------------
 
     @pytest.hookimpl(optionalhook=True)
+    def _timed_here(self, item: pytest.Item) -> bool:
+        if is_special(item) and not runs_here(item):
+            return True
+        return RUN_KEY in item.stash
+
+    @pytest.hookimpl(optionalhook=True)
     def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
-        run = item.stash.get(RUN_KEY, None)
-        if run is None:
+        if not self._timed_here(item):
             return None
-        # timed here, across the ranks: pytest-timeout never kills the pytest process for it
-        run.timeout = float(settings.timeout)
+        # timed here, across the ranks or around the special test's interpreter:
+        # pytest-timeout never kills the pytest process for it
+        item.stash[TIMEOUT_KEY] = float(settings.timeout)
+        run = item.stash.get(RUN_KEY, None)
+        if run is not None:
+            run.timeout = float(settings.timeout)
         return True
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
-        return True if RUN_KEY in item.stash else None
+        return True if self._timed_here(item) else None
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         run = item.stash.get(RUN_KEY, None)
@@ -330,7 +359,7 @@ class DdpHooks:
 
     def _run(self, item: pytest.Function, run: MultirankRun) -> None:
         self._start_launcher(item.session)
-        assert self.launcher is not None and self.session_dir is not None
+        assert self.launcher is not None
         try:
             names = rankfixtures.needed_values(item, run.dependent)
             values = rankfixtures.pickle_values(item, names)
@@ -340,7 +369,7 @@ class DdpHooks:
         markup = bool(self.config.get_terminal_writer().hasmarkup)
         payload = rankbody.ItemPayload(item.nodeid, values, instance, self._node_dirs(item, run), markup)
         test_id = f"{os.getpid()}-{next(self._ids)}"
-        run_dir = os.path.join(self.session_dir, f"run-{test_id}")
+        run_dir = os.path.join(self.folder(), f"run-{test_id}")
         os.mkdir(run_dir)
         job = Job(
             test_id=test_id,

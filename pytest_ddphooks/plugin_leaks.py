@@ -187,7 +187,8 @@ class LeakHooks:
         message = "\n".join(lines)
         if self.mode == "fail":
             pytest.fail(message, pytrace=False)
-        warnings.warn(LeakWarning(message), stacklevel=1)
+        path, lineno, _ = item.reportinfo()
+        warnings.warn_explicit(LeakWarning(message), LeakWarning, str(path), (lineno or 0) + 1)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.mode == "off":

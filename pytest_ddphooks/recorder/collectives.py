@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from . import events
@@ -90,7 +92,7 @@ def describe_tensor(value: Any) -> str:
     return "object"
 
 
-def signature(op: str, info: dict[str, Any]) -> str:
+def signature(op: str, info: Mapping[str, Any]) -> str:
     """The text a desync report prints for one call: ``broadcast(float32[4], src=0)``."""
     parts = []
     if "payload" in info:
@@ -103,9 +105,32 @@ def signature(op: str, info: dict[str, Any]) -> str:
     return f"{op}({', '.join(parts)})"
 
 
-def comparable(op: str, info: dict[str, Any]) -> tuple[Any, ...]:
+# Ops whose members may legally pass tensors of different shapes (uneven splits): only the
+# dtypes of their payloads must agree.
+UNEVEN: frozenset[str] = frozenset({"all_to_all", "all_to_all_single", "all_gather", "reduce_scatter"})
+
+# Ops whose root, when neither the global nor the group-relative one is given, is global rank 0.
+DEFAULT_ROOT_ZERO: frozenset[str] = frozenset(
+    {"broadcast_object_list", "scatter", "scatter_object_list", "gather", "gather_object"}
+)
+
+_DTYPE_IN_PAYLOAD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[")
+
+
+def payload_dtypes(payload: Any) -> tuple[str, ...] | Any:
+    """The dtypes named in a payload text (``[float32[1], float32[3]]`` -> ``("float32",)``)."""
+    if not isinstance(payload, str):
+        return payload
+    found = _DTYPE_IN_PAYLOAD.findall(payload)
+    return tuple(sorted(set(found))) if found else payload
+
+
+def comparable(op: str, info: Mapping[str, Any]) -> tuple[Any, ...]:
     """What must be equal on every member for two calls to be the same collective."""
-    return (op, info.get("payload"), info.get("root"), info.get("reduce_op"))
+    payload = info.get("payload")
+    if op in UNEVEN:
+        payload = payload_dtypes(payload)
+    return (op, payload, info.get("root"), info.get("reduce_op"))
 
 
 def group_label(group: str, ranks: list[int] | None) -> str:

@@ -1,0 +1,292 @@
+"""A hang becomes a fast, precise failure, and the session goes on with the next test."""
+
+from __future__ import annotations
+
+import pytest
+
+NEXT = """
+
+        def test_next_runs_normally():
+            assert True
+        """
+
+
+def test_rank_that_returns_early_leaves_the_others_in_barrier(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=3, timeout=2)
+        def test_early_return(rank):
+            dist.barrier()
+            if rank == 2:
+                return
+            dist.barrier()
+        """
+        + NEXT
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "hang: the test did not finish within 2 s (3 ranks)",
+        "  rank 0: blocked in barrier #2 on the default group for *",
+        "    ranks that never entered barrier #2: 2",
+        "    stuck at test_inner.py:9 in test_early_return: dist.barrier()",
+        "  rank 1: blocked in barrier #2 on the default group for *",
+        "  rank 2: finished the test body (passed), then waited for the other ranks",
+    )
+    ran.lines(
+        "rank 0 stack, MainThread (most recent call last):", '  File "test_inner.py", line 9, in test_early_return'
+    )
+    ran.lines("recorded timeline:", "rank 0 * | rank 1 * | rank 2", "*= barrier #1 =*= barrier #1 =*= barrier #1 =*")
+    ran.lines("FAILED test_inner.py::test_early_return - hang after 2 s; rank 0: blocked in *")
+
+
+def test_all_reduce_against_broadcast_is_a_desync_said_first(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_mismatch(rank):
+            t = torch.ones(4)
+            dist.all_reduce(t)
+            dist.barrier()
+            if rank == 0:
+                dist.all_reduce(t)
+            else:
+                dist.broadcast(t, src=0)
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "desync: collective #3 on the default group: rank 0 all_reduce(float32[4]), rank 1 broadcast(float32[4], src=0)",
+        "hang: the test did not finish within 2 s (2 ranks)",
+    )
+    ran.lines("FAILED test_inner.py::test_mismatch - desync: collective #3 on the default*")
+
+
+def test_desync_without_a_hang_still_fails(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=20)
+        def test_shapes(rank):
+            # same op, other shapes: gloo errors out, the report says why first
+            t = torch.ones(4 if rank == 0 else 8)
+            dist.all_reduce(t)
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "desync: collective #1 on the default group: rank 0 all_reduce(float32[4]), rank 1 all_reduce(float32[8])"
+    )
+    assert ran.seconds < 15
+
+
+def test_matching_collectives_report_no_desync(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_hang_only(rank):
+            dist.all_reduce(torch.ones(2))
+            if rank == 0:
+                dist.barrier()
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.no_lines("desync: *")
+    ran.lines("hang: *")
+
+
+HANGS = {
+    "python_loop": ("while True:\n                    x = sum(range(100))", "x = sum(range(100))"),
+    "native_sleep": ("time.sleep(600)", "time.sleep(600)"),
+    "lock": (
+        "lock = threading.Lock()\n                lock.acquire()\n                lock.acquire()",
+        "lock.acquire()",
+    ),
+    "child": ('subprocess.run(["sleep", "600"])', 'subprocess.run([[]"sleep", "600"[]])'),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HANGS))
+def test_each_kind_of_hang_is_found_and_named(inner, kind: str) -> None:
+    code, stuck = HANGS[kind]
+    ran = inner(
+        f"""
+        import subprocess
+        import threading
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_hang(rank):
+            dist.barrier()
+            if rank == 1:
+                {code}
+            dist.barrier()
+        """
+        + NEXT
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "hang: the test did not finish within 2 s (2 ranks)",
+        "  rank 0: blocked in barrier #2 on the default group for *",
+        "    ranks that never entered barrier #2: 1",
+        "  rank 1: still running",
+        f"    stuck at test_inner.py:* in test_hang: {stuck}",
+    )
+    assert ran.seconds < 15
+
+
+def test_hang_inside_an_instrumented_hook_names_the_hook(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        class Trainer:
+            def setup(self, stage):
+                if dist.get_rank() == 0:
+                    dist.barrier()
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_hook(rank, recorder):
+            trainer = recorder.instrument(Trainer())
+            trainer.setup("fit")
+        """
+    )
+    ran.lines("  rank 0: blocked in barrier #1 on the default group for *, in Trainer.setup")
+
+
+def test_pytest_timeout_value_is_used_and_the_session_survives(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_hang(rank):
+            if rank == 0:
+                dist.barrier()
+
+        @pytest.mark.timeout(1)
+        @pytest.mark.multirank(world_size=2)
+        def test_marker_wins(rank):
+            if rank == 0:
+                dist.barrier()
+        """
+        + NEXT,
+        "--timeout=2",
+        "--timeout-method=thread",
+        subprocess=True,
+    )
+    ran.result.assert_outcomes(failed=2, passed=1)
+    ran.lines("hang: the test did not finish within 2 s (2 ranks)")
+    ran.lines("hang: the test did not finish within 1 s (2 ranks)")
+    ran.no_lines("*Timeout*pytest-timeout*")
+    ran.no_lines("*++++ Timeout ++++*")
+
+
+def test_marker_timeout_beats_pytest_timeout_and_ddp_timeout(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=1)
+        def test_hang(rank):
+            if rank == 0:
+                dist.barrier()
+        """,
+        "--timeout=30",
+        "--ddp-timeout=40",
+    )
+    ran.lines("hang: the test did not finish within 1 s (2 ranks)")
+
+
+def test_ddp_timeout_option_and_ini(inner, pytester) -> None:
+    pytester.makeini("[pytest]\nddp_timeout = 1.5\n")
+    source = """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_hang(rank):
+            if rank == 0:
+                dist.barrier()
+        """
+    ran = inner(source)
+    ran.lines("hang: the test did not finish within 1.5 s (2 ranks)")
+    ran = inner(source, "--ddp-timeout=1")
+    ran.lines("hang: the test did not finish within 1 s (2 ranks)")
+
+
+def test_a_passing_multirank_test_is_timed_once_and_passes_under_pytest_timeout(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_ok(rank):
+            dist.barrier()
+        """,
+        "--timeout=5",
+        "--timeout-method=signal",
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_events_recorded_before_the_hang_are_in_the_report(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_marks(rank, recorder):
+            recorder.mark("before-hang")
+            if rank == 1:
+                recorder.mark("rank1-only")
+                while True:
+                    pass
+            dist.barrier()
+        """
+    )
+    ran.lines("recorded timeline:", "rank 0 * | rank 1", "*", "* before-hang * | * before-hang", "* | * rank1-only")
+
+
+def test_hangs_under_xdist(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.parametrize("i", range(4))
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_hang(i, rank):
+            if rank == i % 2:
+                dist.barrier()
+
+        @pytest.mark.parametrize("i", range(4))
+        @pytest.mark.multirank(world_size=2)
+        def test_ok(i, rank):
+            dist.barrier()
+        """,
+        "-n",
+        "2",
+        subprocess=True,
+    )
+    ran.result.assert_outcomes(failed=4, passed=4)

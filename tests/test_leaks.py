@@ -1,0 +1,336 @@
+"""The leak guard: every kind fires when leaked and stays silent when cleaned, in each mode."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+
+import pytest
+
+LEAKS = {
+    "group": (
+        """
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+        """,
+        """
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+        dist.destroy_process_group()
+        """,
+        "  the default process group (backend gloo, world size 1, group name *) is still initialised",
+    ),
+    "process": (
+        """
+        p = subprocess.Popen(["sleep", "300"])
+        if os.environ.get("LEAK_PID_FILE"):
+            open(os.environ["LEAK_PID_FILE"], "w").write(str(p.pid))
+        """,
+        """
+        p = subprocess.Popen(["sleep", "300"])
+        p.kill()
+        p.wait()
+        """,
+        "  process * is still running: sleep 300",
+    ),
+    "thread": (
+        """
+        threading.Thread(target=STOP.wait, name="leaky-worker", daemon=True).start()
+        """,
+        """
+        t = threading.Thread(target=STOP.wait, name="tidy-worker", daemon=True)
+        t.start()
+        STOP.set()
+        t.join()
+        """,
+        "  daemon thread 'leaky-worker' (target threading.Event.wait) is still running",
+    ),
+    "socket": (
+        """
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        KEEP.append(s)
+        """,
+        """
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+        """,
+        "  socket listening on 127.0.0.1:* is still open",
+    ),
+    "connection": (
+        """
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client = socket.create_connection(server.getsockname())
+        conn, _ = server.accept()
+        server.close()
+        KEEP.extend([client, conn])
+        """,
+        """
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            with socket.create_connection(server.getsockname()):
+                pass
+        """,
+        "  connection 127.0.0.1:* -> 127.0.0.1:* (ESTABLISHED) is still open",
+    ),
+    "env": (
+        """
+        os.environ["MASTER_PORT"] = "29500"
+        """,
+        """
+        monkeypatch.setenv("MASTER_PORT", "29500")
+        """,
+        "  environment variable MASTER_PORT='29500' was set",
+    ),
+}
+
+PRELUDE = """
+import os
+import socket
+import subprocess
+import threading
+import pytest
+import torch.distributed as dist
+
+STOP = threading.Event()
+KEEP = []
+"""
+
+
+def _module(body: str, name: str = "test_it") -> str:
+    indented = textwrap.indent(textwrap.dedent(body).strip("\n"), "    ")
+    return PRELUDE + f"\ndef {name}(tmp_path, monkeypatch):\n{indented}\n\ndef test_after():\n    pass\n"
+
+
+# an in-process inner run's thread leak is also this process's: it cannot be stopped
+@pytest.mark.ddp_allow_leaks("thread:leaky-worker")
+@pytest.mark.parametrize("kind", sorted(LEAKS))
+def test_leak_fails_the_test_in_teardown_naming_it(pytester, kind: str) -> None:
+    leaky, _, words = LEAKS[kind]
+    pytester.makepyfile(test_leaky=_module(leaky))
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*ERROR at teardown of test_it*", "test_leaky.py::test_it leaked (cleaned up before the next test):", words]
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(LEAKS))
+def test_clean_test_stays_silent(pytester, kind: str) -> None:
+    _, tidy, _ = LEAKS[kind]
+    pytester.makepyfile(test_tidy=_module(tidy))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "error::pytest_ddphooks.plugin_leaks.LeakWarning")
+    result.assert_outcomes(passed=2)
+    result.stdout.no_fnmatch_line("*leaked*")
+
+
+@pytest.mark.ddp_allow_leaks("thread:leaky-worker")
+@pytest.mark.parametrize("kind", sorted(LEAKS))
+def test_warn_mode_warns_with_the_same_words(pytester, kind: str) -> None:
+    leaky, _, words = LEAKS[kind]
+    pytester.makepyfile(test_leaky=_module(leaky))
+    result = pytester.runpytest("-p", "no:cacheprovider", "--ddp-leaks=warn")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_leaky.py:*: LeakWarning: test_leaky.py::test_it leaked (cleaned up before the next test):",
+            "  " + words,
+        ]
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(LEAKS))
+def test_off_mode_checks_nothing(pytester, kind: str, monkeypatch, tmp_path) -> None:
+    leaky, _, _ = LEAKS[kind]
+    pid_file = tmp_path / "leaked.pid"
+    monkeypatch.setenv("LEAK_PID_FILE", str(pid_file))
+    pytester.makepyfile(test_leaky=_module(leaky))
+    pytester.makeini("[pytest]\nddp_leaks = off\n")
+    # in its own interpreter: with the guard off, what leaks is left for the process to end
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    if pid_file.exists():  # nobody else will end it: the guard was off
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    result.assert_outcomes(passed=2)
+    result.stdout.no_fnmatch_line("*leaked*")
+
+
+def test_leak_is_cleaned_before_the_next_test(pytester) -> None:
+    pytester.makepyfile(
+        test_order=PRELUDE
+        + """
+def test_leaks_group_and_env(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/s", rank=0, world_size=1)
+    os.environ["RANK"] = "3"
+
+def test_next_sees_a_clean_process():
+    assert not dist.is_initialized()
+    assert "RANK" not in os.environ
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=1)
+
+
+@pytest.mark.ddp_allow_leaks("thread:known-pool", "thread:other")
+def test_allowlist_in_ini_and_marker(pytester) -> None:
+    pytester.makeini("[pytest]\nddp_leaks_allow =\n    thread:known-*\n")
+    pytester.makepyfile(
+        test_allow=PRELUDE
+        + """
+def test_known_thread():
+    threading.Thread(target=STOP.wait, name="known-pool", daemon=True).start()
+
+@pytest.mark.ddp_allow_leaks("env:MASTER_ADDR")
+def test_marker_allows_env():
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+
+@pytest.mark.ddp_allow_leaks("thread")
+def test_marker_allows_a_kind():
+    threading.Thread(target=STOP.wait, name="other", daemon=True).start()
+
+@pytest.mark.ddp_allow_leaks("env:MASTER_ADDR")
+def test_marker_allows_only_what_it_names():
+    os.environ["WORLD_SIZE"] = "2"
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_marker_allows_only_what_it_names leaked*", "  environment variable WORLD_SIZE='2' was set"]
+    )
+    import os
+
+    os.environ.pop("MASTER_ADDR", None)
+
+
+def test_bad_allowlist_entry_is_a_usage_error(pytester) -> None:
+    pytester.makeini("[pytest]\nddp_leaks_allow =\n    threads:x\n")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*ddp_leaks_allow*'threads:x'*the kind must be one of group, process, thread, socket, env*"]
+    )
+
+
+def test_module_fixture_is_judged_when_its_scope_ends(pytester) -> None:
+    pytester.makepyfile(
+        test_scoped=PRELUDE
+        + """
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    path = tmp_path_factory.mktemp("store")
+    dist.init_process_group("gloo", init_method=f"file://{path}/s", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+@pytest.fixture(scope="module")
+def sloppy_server():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    KEEP.append(s)
+    yield s
+
+def test_one(group):
+    assert dist.is_initialized()
+
+def test_two(group):
+    assert dist.is_initialized()
+
+def test_uses_server(sloppy_server):
+    pass
+
+def test_last():
+    pass
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rE")
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_last*",
+            "fixture 'sloppy_server' (module scope), set up for test_scoped.py::test_uses_server,"
+            " left behind when its scope ended (cleaned up):",
+            "  socket listening on 127.0.0.1:* is still open",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*test_one leaked*")
+
+
+def test_no_false_alarms_in_a_clean_suite_of_200_tests(pytester) -> None:
+    pytester.makepyfile(
+        test_clean="""
+        import threading
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.fixture(scope="session")
+        def model():
+            return torch.nn.Linear(2, 2)
+
+        @pytest.mark.parametrize("i", range(190))
+        def test_plain(i, model, tmp_path, monkeypatch):
+            monkeypatch.setenv("RANK", "0")
+            t = threading.Thread(target=lambda: None)
+            t.start()
+            t.join()
+            assert model(torch.ones(2)).shape == (2,)
+
+        @pytest.mark.parametrize("i", range(10))
+        @pytest.mark.multirank(world_size=2)
+        def test_ranks(i, rank):
+            dist.barrier()
+        """
+    )
+    for args in ((), ("-n", "2"), ("--timeout=30", "--timeout-method=thread")):
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+        result.assert_outcomes(passed=200)
+        result.stdout.no_fnmatch_line("*leaked*")
+
+
+def test_processes_a_rank_leaves_are_killed_and_named(pytester) -> None:
+    pytester.makepyfile(
+        test_rank_leak="""
+        import subprocess
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_spawns(rank):
+            if rank == 1:
+                subprocess.Popen(["sleep", "300"])
+
+        @pytest.mark.multirank(world_size=2)
+        def test_tidy(rank):
+            subprocess.run(["true"], check=True)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "test_rank_leak.py::test_spawns leaked (cleaned up before the next test):",
+            "  rank 1 left process * running (killed): sleep 300",
+        ]
+    )
+
+
+def test_group_a_rank_keeps_alive_is_not_a_leak(pytester) -> None:
+    pytester.makepyfile(
+        test_trainer_style="""
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, init_process_group=False)
+        def test_keeps_its_group(rank):
+            dist.init_process_group("gloo")  # kept alive on purpose, as Lightning does after fit
+            dist.barrier()
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)

@@ -1,0 +1,215 @@
+"""@pytest.mark.special: one test in a fresh interpreter, reported in this session."""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+
+import pytest
+
+SOURCE = """
+import os
+import signal
+import time
+import pytest
+import torch.distributed as dist
+
+PIDS = os.environ["PID_DIR"]
+
+@pytest.fixture(scope="session")
+def session_thing():
+    open(os.path.join(PIDS, f"session-{os.getpid()}"), "w").close()
+    return "ready"
+
+@pytest.fixture(scope="module")
+def module_thing(session_thing):
+    return session_thing + "!"
+
+def test_plain():
+    open(os.path.join(PIDS, f"plain-{os.getpid()}"), "w").close()
+
+@pytest.mark.special
+def test_global_group(tmp_path, module_thing):
+    assert module_thing == "ready!"
+    open(os.path.join(PIDS, f"special-{os.getpid()}"), "w").close()
+    # global state that cannot be cleaned: it dies with this interpreter
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/s", rank=0, world_size=1)
+    print("special says hello")
+    dist.destroy_process_group()
+
+@pytest.mark.special
+def test_special_fails():
+    print("output before failing")
+    assert 2 + 2 == 5
+"""
+
+
+def test_special_runs_in_its_own_interpreter_with_its_own_fixtures(pytester, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PID_DIR", str(tmp_path))
+    pytester.makepyfile(test_iso=SOURCE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=2, failed=1)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    plain = {n.split("-")[1] for n in names if n.startswith("plain-")}
+    special = {n.split("-")[1] for n in names if n.startswith("special-")}
+    sessions = {n.split("-")[1] for n in names if n.startswith("session-")}
+    assert len(plain) == 1 and len(special) == 1 and plain != special
+    assert special <= sessions, "the session fixture was set up in the special test's interpreter"
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_special_fails _*",
+            ">       assert 2 + 2 == 5",
+            "E       assert (2 + 2) == 5",
+            "*- Captured stdout call -*",
+            "output before failing",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*- Captured stdout call -*", "special says hello"])
+    result.stdout.fnmatch_lines(
+        ["PASSED test_iso.py::test_global_group", "FAILED test_iso.py::test_special_fails - assert (2 + 2) == 5"]
+    )
+
+
+def test_select_with_m_special_and_not_special(pytester, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PID_DIR", str(tmp_path))
+    pytester.makepyfile(test_sel=SOURCE)
+    only = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "special")
+    only.assert_outcomes(passed=1, failed=1, deselected=1)
+    rest = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "not special")
+    rest.assert_outcomes(passed=1, deselected=2)
+
+
+def test_junitxml_and_last_failed_see_special_tests(pytester, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PID_DIR", str(tmp_path))
+    pytester.makepyfile(test_rep=SOURCE)
+    xml = tmp_path / "junit.xml"
+    first = pytester.runpytest_subprocess(f"--junitxml={xml}")
+    first.assert_outcomes(passed=2, failed=1)
+    cases = {c.get("name"): c for c in ET.parse(xml).getroot().iter("testcase")}
+    assert set(cases) == {"test_plain", "test_global_group", "test_special_fails"}
+    failure = cases["test_special_fails"].find("failure")
+    assert failure is not None and "assert (2 + 2) == 5" in failure.get("message", "")
+    assert float(cases["test_global_group"].get("time")) > 0
+    again = pytester.runpytest_subprocess("--lf")
+    again.assert_outcomes(failed=1, passed=0)
+    again.stdout.fnmatch_lines(["*rerun previous 1 failure*"])
+
+
+def test_special_tests_under_xdist(pytester, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PID_DIR", str(tmp_path))
+    pytester.makepyfile(
+        test_par="""
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.special
+        @pytest.mark.parametrize("i", range(6))
+        def test_each_own_group(i, tmp_path):
+            dist.init_process_group("gloo", init_method=f"file://{tmp_path}/s", rank=0, world_size=1)
+            open(os.path.join(os.environ["PID_DIR"], str(os.getpid())), "w").close()
+            dist.destroy_process_group()
+
+        @pytest.mark.special
+        @pytest.mark.multirank(world_size=2)
+        def test_special_multirank(rank):
+            dist.barrier()
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=7)
+    assert len(list(tmp_path.iterdir())) == 6, "each special test had an interpreter of its own"
+
+
+def test_special_multirank_starts_its_ranks_from_its_own_interpreter(pytester) -> None:
+    pytester.makepyfile(
+        test_sm="""
+        import os
+        import psutil
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.special
+        @pytest.mark.multirank(world_size=2)
+        def test_ranks(rank):
+            launcher = psutil.Process(os.getppid())
+            interpreter = launcher.parent()
+            assert "pytest" in " ".join(interpreter.cmdline())
+            assert interpreter.pid != int(os.environ["OUTER_PYTEST"])
+            dist.barrier()
+        """
+    )
+    os.environ["OUTER_PYTEST"] = str(os.getpid())
+    try:
+        result = pytester.runpytest("-p", "no:cacheprovider")
+    finally:
+        del os.environ["OUTER_PYTEST"]
+    result.assert_outcomes(passed=1)
+
+
+CRASHES = {
+    "segv": ("os.kill(os.getpid(), signal.SIGSEGV)", "the special test's interpreter died: killed by SIGSEGV"),
+    "exit": ("os._exit(9)", "the special test's interpreter died: exit code 9"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(CRASHES))
+def test_special_test_that_crashes_its_interpreter(pytester, how: str) -> None:
+    action, words = CRASHES[how]
+    pytester.makepyfile(
+        test_crash=f"""
+        import os
+        import signal
+        import pytest
+
+        @pytest.mark.special
+        def test_crash():
+            print("last words before the crash")
+            {action}
+
+        def test_after():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines([words])
+    result.stdout.fnmatch_lines(
+        ["*Captured stdout of the special test's interpreter*", "*last words before the crash*"]
+    )
+
+
+def test_special_test_that_hangs_is_killed_and_the_session_goes_on(pytester) -> None:
+    pytester.makepyfile(
+        test_hang="""
+        import subprocess
+        import time
+        import pytest
+
+        @pytest.mark.special
+        def test_sleeps():
+            subprocess.Popen(["sleep", "600"])
+            time.sleep(600)
+
+        @pytest.mark.special
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_ranks_hang(rank):
+            import torch.distributed as dist
+            if rank == 0:
+                dist.barrier()
+
+        def test_after():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--ddp-timeout=3")
+    result.assert_outcomes(failed=2, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_sleeps _*",
+            "special test did not finish within 3 s",
+            "its interpreter was killed, with every process it started",
+            "stuck at test_hang.py:8 in test_sleeps: time.sleep(600)",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*_ test_ranks_hang _*", "hang: the test did not finish within 2 s (2 ranks)"])

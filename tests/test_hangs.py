@@ -62,7 +62,8 @@ def test_all_reduce_against_broadcast_is_a_desync_said_first(inner) -> None:
     )
     ran.result.assert_outcomes(failed=1)
     ran.lines(
-        "desync: collective #3 on the default group: rank 0 all_reduce(float32[4]), rank 1 broadcast(float32[4], src=0)",
+        "desync: collective #3 on the default group:"
+        " rank 0 all_reduce(float32[4]), rank 1 broadcast(float32[4], src=0)",
         "hang: the test did not finish within 2 s (2 ranks)",
     )
     ran.lines("FAILED test_inner.py::test_mismatch - desync: collective #3 on the default*")

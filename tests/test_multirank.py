@@ -247,7 +247,8 @@ def test_external_launcher_mode_has_the_environment_but_no_group(inner) -> None:
         @pytest.mark.multirank(world_size=2, init_process_group=False)
         def test_self_init(rank, world_size):
             assert not dist.is_initialized()
-            for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+            for name in names:
                 assert name in os.environ
             dist.init_process_group("gloo")  # env:// as a trainer under torchrun does
             t = torch.ones(1)

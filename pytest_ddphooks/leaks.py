@@ -215,7 +215,7 @@ class LeakGuard:
         problems: list[str] = []
         kinds = {leak.kind for leak in leaks}
         if "group" in kinds:
-            problems.extend(_destroy_groups())
+            problems.extend(destroy_groups())
         if "process" in kinds:
             for leak in leaks:
                 if leak.kind == "process":
@@ -288,7 +288,7 @@ def _close_sockets(inodes: frozenset[str]) -> None:
         os.close(null)
 
 
-def _destroy_groups() -> list[str]:
+def destroy_groups() -> list[str]:
     dist = _dist()
     if dist is None or not dist.is_initialized():
         return []

@@ -26,13 +26,14 @@ from _pytest._code.code import (
 )
 from _pytest.outcomes import Skipped
 
-from . import rankbody, rankfixtures
+from . import rankbody, rankfixtures, spmd
 from .launch.job import Job
 from .launch.run import remove_run_dir, run_job
 from .launch.zygote import Launcher
 from .leaks import Leak, LeakGuard
 from .plugin_leaks import ALLOW_HELP, RANK_LEAKS_KEY, LeakHooks
 from .plugin_special import TARGET_ENV, SpecialChildHooks, SpecialHooks, is_special, runs_here
+from .plugin_spmd import SpmdHooks
 from .recorder import Recorder, distpatch
 from .spec import MultirankSpec, SpecError, parse_multirank
 from .verdict import Verdict, decide
@@ -132,6 +133,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         " JSON (ini ddp_trace_dir).",
     )
     parser.addini("ddp_trace_dir", "folder for Chrome traces of failed multirank tests", default="")
+    group.addoption(
+        "--ddp-spmd",
+        dest="ddp_spmd",
+        choices=("auto", "on", "off"),
+        default=None,
+        help="run the session on the ranks torchrun launched: auto (when torchrun's environment is"
+        " there, default), on, off (ini ddp_spmd).",
+    )
+    parser.addini("ddp_spmd", "auto | on | off: torchrun (SPMD) mode", default="auto")
+    group.addoption(
+        "--ddp-plain-tests",
+        dest="ddp_plain_tests",
+        choices=("rank0", "all"),
+        default=None,
+        help="under torchrun, where plain (non-multirank) tests run: rank0 (default) or all ranks"
+        " (ini ddp_plain_tests).",
+    )
+    parser.addini("ddp_plain_tests", "rank0 | all: where plain tests run under torchrun", default="rank0")
+    group.addoption(
+        "--ddp-verbose-ranks",
+        dest="ddp_verbose_ranks",
+        action="store_true",
+        default=False,
+        help="under torchrun, let every rank print its terminal report (default: rank 0 only).",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -143,6 +169,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("ddphooks-session"):
         hooks = DdpHooks(config)
         config.pluginmanager.register(hooks, "ddphooks-session")
+        mode = config.getoption("ddp_spmd") or config.getini("ddp_spmd")
+        if mode == "on" or (mode == "auto" and spmd.launched()):
+            hooks.spmd = SpmdHooks(config, RUN_KEY, hooks.timeout_of, hooks.raise_verdict)
+            config.pluginmanager.register(hooks.spmd, "ddphooks-spmd")
         guard = LeakGuard(own_processes=hooks.own_processes)
         config.pluginmanager.register(LeakHooks(config, guard), "ddphooks-leaks")
         config.pluginmanager.register(SpecialHooks(config, hooks.folder, hooks.special_limit), "ddphooks-special")
@@ -169,24 +199,42 @@ def world_size(request: pytest.FixtureRequest) -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
+def _spmd_for(request: pytest.FixtureRequest) -> SpmdHooks | None:
+    """The torchrun coordination, when this multirank test runs on launched ranks."""
+    hooks = request.config.pluginmanager.get_plugin("ddphooks-session")
+    if isinstance(hooks, DdpHooks) and hooks.spmd is not None and RUN_KEY in request.node.stash:
+        return hooks.spmd
+    return None
+
+
 @pytest.fixture
-def recorder() -> Generator[Recorder, None, None]:
+def recorder(request: pytest.FixtureRequest) -> Generator[Recorder, None, None]:
     """Records hooks, barriers, marks and torch.distributed calls; ``timeline()`` merges ranks."""
-    rec = Recorder().activate()
+    spmd = _spmd_for(request)
+    rec = Recorder(exchange=spmd.exchange if spmd is not None else None).activate()
     yield rec
     rec.close()
 
 
 @pytest.fixture
-def shared_tmp_path(tmp_path: Path) -> Path:
-    """One folder every rank sees (the same as ``tmp_path``)."""
-    return tmp_path
+def shared_tmp_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """One folder every rank sees (the same as ``tmp_path``; rank 0's under torchrun)."""
+    spmd = _spmd_for(request)
+    if spmd is None:
+        return tmp_path
+    return Path(spmd.coord.all_gather("shared-dir", str(tmp_path).encode(), spmd.start_timeout)[0].decode())
 
 
 @pytest.fixture
-def node_tmp_path(tmp_path: Path) -> Path:
-    """One folder per simulated node (``tmp_path`` itself outside a multirank test)."""
-    return tmp_path
+def node_tmp_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """One folder per simulated node (``tmp_path`` itself outside a multirank test; under
+    torchrun the folder of the node's local rank 0)."""
+    spmd = _spmd_for(request)
+    if spmd is None:
+        return tmp_path
+    dirs = spmd.coord.all_gather("node-dir", str(tmp_path).encode(), spmd.start_timeout)
+    first_of_node = (spmd.rank // spmd.local_world_size) * spmd.local_world_size
+    return Path(dirs[first_of_node].decode())
 
 
 def _safe(name: str) -> str:
@@ -201,6 +249,7 @@ class DdpHooks:
         self.launcher: Launcher | None = None
         self.session_dir: str | None = None
         self._ids = itertools.count(1)
+        self.spmd: SpmdHooks | None = None
 
     def folder(self) -> str:
         """This session's private folder for run files (removed at the end of the session)."""
@@ -212,7 +261,7 @@ class DdpHooks:
         """How long a special test may run in its interpreter once it started."""
         run = item.stash.get(RUN_KEY, None)
         if run is not None:
-            return self._timeout(run) + 30.0  # the child's own watchdog reports first
+            return self.timeout_of(run) + 30.0  # the child's own watchdog reports first
         if TIMEOUT_KEY in item.stash:
             # pytest-timeout times the test in the child; this only catches what it cannot stop
             return item.stash[TIMEOUT_KEY] + 10.0
@@ -279,14 +328,17 @@ class DdpHooks:
             if spec.many and callspec is not None and "world_size" in callspec.params:
                 size = int(callspec.params["world_size"])
             dependent = rankfixtures.rank_dependent(item)
-            rankfixtures.prune(item, dependent)
+            if self.spmd is None:  # under torchrun the pytest process is a rank: nothing moves
+                rankfixtures.prune(item, dependent)
             item.stash[RUN_KEY] = MultirankRun(spec, size, dependent)
+        if self.spmd is not None:
+            self.spmd.select(items)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
         # Forked here: every test module is imported, no test has run yet. Collection
         # errors stop the session before this point, so bad input never spawns anything.
-        if session.config.option.collectonly:
+        if session.config.option.collectonly or self.spmd is not None:
             return
         if any(RUN_KEY in item.stash and (runs_here(item) or not is_special(item)) for item in session.items):
             self._start_launcher(session)
@@ -335,7 +387,7 @@ class DdpHooks:
         if visible < run.world_size:
             pytest.skip(f"multirank(backend='nccl') needs {run.world_size} GPUs, {visible} visible")
 
-    def _timeout(self, run: MultirankRun) -> float:
+    def timeout_of(self, run: MultirankRun) -> float:
         if run.spec.timeout is not None:
             return run.spec.timeout
         if run.timeout:
@@ -345,7 +397,7 @@ class DdpHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
         run = pyfuncitem.stash.get(RUN_KEY, None)
-        if run is None or rankbody.in_rank:
+        if run is None or rankbody.in_rank or self.spmd is not None:
             return None
         self._run(pyfuncitem, run)
         return True
@@ -378,7 +430,7 @@ class DdpHooks:
             nodes=run.spec.nodes,
             backend=run.spec.backend,
             init_process_group=run.spec.init_process_group,
-            timeout=self._timeout(run),
+            timeout=self.timeout_of(run),
             run_dir=run_dir,
             env=dict(os.environ),
             cwd=os.getcwd(),
@@ -418,6 +470,11 @@ class DdpHooks:
                 path = report.timeline.to_chrome_trace(os.path.join(trace_dir, _safe(item.nodeid) + ".json"))
                 verdict.text += f"\n\nChrome trace of the timeline: {path}"
         remove_run_dir(job)
+        self.raise_verdict(verdict)
+
+    @staticmethod
+    def raise_verdict(verdict: Verdict) -> None:
+        """End the test's call phase as the merged verdict of its ranks says."""
         if verdict.outcome == "failed":
             raise MultirankFailed(verdict)
         if verdict.outcome == "xfailed":

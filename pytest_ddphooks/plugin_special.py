@@ -24,6 +24,7 @@ from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
 from . import hangs
+from .launch.rendezvous import DIST_ENV
 from .special import IsolatedRun, run_isolated
 
 TARGET_ENV = "DDPHOOKS_SPECIAL_NODEID"
@@ -49,6 +50,8 @@ def child_command(config: pytest.Config, item: pytest.Item, folder: str) -> list
     if config.getoption("capture", "fd") != "no":
         # also into the child's own output file: what it printed survives if it crashes
         args.append("--capture=tee-sys")
+    # its own interpreter is one process, even when this session runs under torchrun
+    args.append("--ddp-spmd=off")
     if config.pluginmanager.hasplugin("xdist"):
         args += ["-n", "0"]
     if getattr(config.option, "xmlpath", None):
@@ -100,7 +103,8 @@ class SpecialHooks:
         folder = tempfile.mkdtemp(prefix="special-", dir=self._folder())
         tmp = os.path.join(folder, "tmp")
         os.mkdir(tmp)
-        env = {**os.environ, TARGET_ENV: item.nodeid, "TMPDIR": tmp}
+        env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}  # one plain process
+        env.update({TARGET_ENV: item.nodeid, "TMPDIR": tmp})
         limit = self._limit(item)
         run = run_isolated(
             child_command(self.config, item, folder), env, str(self.config.invocation_params.dir), folder, limit

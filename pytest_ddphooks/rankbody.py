@@ -103,34 +103,30 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     elapsed = time.monotonic() - started
     if error is None and teardown_errors:
         error, phase = teardown_errors[0], "teardown"
+    return outcome_of(item, ctx.rank, error, phase, elapsed, payload.markup)
+
+
+def outcome_of(
+    item: pytest.Function, rank: int, error: BaseException | None, phase: str, elapsed: float, markup: bool
+) -> RankResult:
+    """One rank's result for the body's exception (None: it passed), formatted by pytest."""
     if error is None:
-        return RankResult(ctx.rank, "passed", duration=elapsed)
+        return RankResult(rank, "passed", duration=elapsed)
     if isinstance(error, Skipped):
         crash = ExceptionInfo.from_exception(error)._getreprcrash()
         location = (str(crash.path), crash.lineno) if crash is not None else None
         if error._use_item_location:
             path, line = item.reportinfo()[:2]
             location = (os.fspath(path), (line or 0) + 1)
-        return RankResult(
-            ctx.rank,
-            "skipped",
-            message=crash.message if crash else str(error),
-            location=location,
-            duration=elapsed,
-        )
+        message = crash.message if crash else str(error)
+        return RankResult(rank, "skipped", message=message, location=location, duration=elapsed)
     if isinstance(error, XFailed):
-        return RankResult(ctx.rank, "xfailed", message=str(error.msg), duration=elapsed)
-    text, message, location = _render(item, error, payload.markup)
+        return RankResult(rank, "xfailed", message=str(error.msg), duration=elapsed)
+    text, message, location = _render(item, error, markup)
     if isinstance(error, Exit):
         message = f"pytest.exit() in a rank: {error.msg}"
     if phase != "call":
         text = f"error in fixture {phase} inside the rank:\n{text}"
     return RankResult(
-        ctx.rank,
-        "failed",
-        longrepr=text,
-        message=message,
-        location=location,
-        duration=elapsed,
-        extra={"phase": phase},
+        rank, "failed", longrepr=text, message=message, location=location, duration=elapsed, extra={"phase": phase}
     )

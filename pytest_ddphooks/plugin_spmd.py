@@ -1,0 +1,273 @@
+"""The pytest hooks of SPMD mode (the session runs under torchrun, on every launched rank).
+
+Which tests run where: a multirank test whose world size is the launched one runs on every
+rank, in the pytest process itself; other sizes are deselected, with the reason printed.
+Plain tests run on rank 0 only (``--ddp-plain-tests=all`` runs them everywhere), after the
+multirank tests, so the ranks never wait for one another's plain tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import marshal
+import os
+import pickle
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Generator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from . import hangs
+from .launch.job import Job
+from .launch.run import RunReport
+from .leaks import destroy_groups
+from .rankbody import outcome_of
+from .recorder import Recorder
+from .recorder.timeline import Timeline
+from .spmd import Coordinator, RankHung, RanksMissing, first_difference, init_group, say
+from .verdict import Verdict, decide
+
+HANG_GRACE = 5.0  # past the limit, a rank's own watchdog ends the run
+
+
+class SpmdHooks:
+    def __init__(
+        self,
+        config: pytest.Config,
+        run_key: Any,
+        limit: Callable[[Any], float],
+        raise_verdict: Callable[[Verdict], None],
+    ) -> None:
+        self.config = config
+        self.run_key = run_key
+        self._limit = limit
+        self._raise = raise_verdict
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        self.nodes = max(self.world_size // max(self.local_world_size, 1), 1)
+        self.start_timeout = float(
+            config.getini("ddp_timeout") if config.getoption("ddp_timeout") is None else config.getoption("ddp_timeout")
+        )
+        self.coord = Coordinator.from_env(timeout=max(self.start_timeout, 60.0))
+        self.plain_everywhere = (config.getoption("ddp_plain_tests") or config.getini("ddp_plain_tests")) == "all"
+        self.deselected: list[str] = []
+        self.generation = 0
+        self.group_ok = False
+        self.current: str | None = None
+        self.ack: str | None = None  # set once rank 0 reported a hung rank's test
+        # torchrun stops the other workers with SIGTERM when one fails: say where this one was
+        faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+    # -- what runs where -----------------------------------------------------------------
+
+    def select(self, items: list[pytest.Item]) -> None:
+        names = json.dumps([item.nodeid for item in items]).encode()
+        lists = [
+            json.loads(b) for b in self.coord.all_gather("collected", names, self.start_timeout, "finish collection")
+        ]
+        diff = first_difference(lists)
+        if diff is not None:
+            raise pytest.UsageError(f"under torchrun every rank must collect the same tests in the same order; {diff}")
+        multirank, plain, dropped = [], [], []
+        for item in items:
+            run = item.stash.get(self.run_key, None)
+            if run is None:
+                if self.rank == 0 or self.plain_everywhere:
+                    plain.append(item)
+                else:
+                    dropped.append(item)
+                continue
+            reason = None
+            if item.get_closest_marker("special") is not None:
+                reason = "special multirank tests cannot get an interpreter of their own under torchrun"
+            elif run.world_size != self.world_size:
+                reason = f"world_size={run.world_size}, but torchrun launched {self.world_size} ranks"
+            elif run.spec.nodes not in (1, self.nodes):
+                reason = f"nodes={run.spec.nodes}, but torchrun launched {self.nodes} nodes"
+            if reason:
+                dropped.append(item)
+                self.deselected.append(f"{item.nodeid}: {reason}")
+            else:
+                multirank.append(item)
+        if dropped:
+            self.config.hook.pytest_deselected(items=dropped)
+        items[:] = multirank + plain if not self.plain_everywhere else [i for i in items if i not in dropped]
+        if multirank:
+            # the session's group exists before the first test: no test is blamed for it
+            self._ensure_group(self.start_timeout)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if self.rank == 0:
+            return
+        # rank 0 reports the merged result of every test; junit XML comes from rank 0 alone
+        from _pytest.junitxml import xml_key
+
+        xml = self.config.stash.get(xml_key, None)
+        if xml is not None:
+            del self.config.stash[xml_key]
+            self.config.pluginmanager.unregister(xml)
+        if not self.config.getoption("ddp_verbose_ranks"):
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter._tw._file = open(os.devnull, "w")  # noqa: SIM115
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.deselected and self.rank == 0:
+            terminalreporter.section("ddphooks under torchrun", sep="-")
+            terminalreporter.line(f"deselected {len(self.deselected)} multirank tests:")
+            for line in self.deselected:
+                terminalreporter.line(f"  {line}")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.deselected:
+            session.exitstatus = pytest.ExitCode.OK
+            if self.rank == 0:
+                say(f"ddphooks: no test matched the {self.world_size} launched ranks; nothing to run")
+
+    # -- running a multirank test on the launched ranks ----------------------------------
+
+    def _ensure_group(self, limit: float) -> None:
+        import torch.distributed as dist
+
+        if self.group_ok and dist.is_initialized():
+            return
+        if dist.is_initialized():
+            destroy_groups()
+        self.generation += 1
+        init_group(self.coord.store, self.rank, self.world_size, self.generation, max(limit, 1.0) + 30.0)
+        self.group_ok = True
+
+    def exchange(self, blob: bytes) -> list[bytes]:
+        return self.coord.all_gather("timeline", blob, self.start_timeout, "join recorder.timeline()")
+
+    def _missing(self, item: pytest.Item, exc: RanksMissing) -> None:
+        message = f"{exc}; the run stops here"
+        item.session.shouldfail = f"ddphooks: {exc}"
+        self.group_ok = False
+        self._raise(Verdict("failed", message, message))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, Any, Any]:
+        run = pyfuncitem.stash.get(self.run_key, None)
+        if run is None:
+            return (yield)
+        item = pyfuncitem
+        limit = self._limit(run)
+        try:
+            arrived = self.coord.all_gather("start", item.nodeid.encode(), self.start_timeout, "start the test")
+        except RanksMissing as exc:
+            self._missing(item, exc)
+        elsewhere = {r: b.decode() for r, b in enumerate(arrived) if b.decode() != item.nodeid}
+        if elsewhere:
+            r, other = next(iter(elsewhere.items()))
+            self._missing(item, RanksMissing(f"start {item.nodeid!r} (it is at {other!r})", [r], 0))
+        self._ensure_group(limit)
+        recorder = item.funcargs.get("recorder")
+        own = None
+        if not isinstance(recorder, Recorder):
+            own = recorder = Recorder(self.rank, self.world_size).activate()
+        self.current = item.nodeid
+        watchdog = threading.Timer(limit + HANG_GRACE, self._on_hang, (item, recorder, limit))
+        watchdog.daemon = True
+        watchdog.name = "ddphooks-spmd-watchdog"
+        watchdog.start()
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            error = exc
+        finally:
+            watchdog.cancel()
+            self.current = None
+        markup = bool(self.config.get_terminal_writer().hasmarkup)
+        result = outcome_of(item, self.rank, error, "call", time.monotonic() - started, markup)
+        try:
+            results = self.coord.all_gather(
+                "result", pickle.dumps(result), limit + 30.0, "report its result", watch=f"hang/{item.nodeid}"
+            )
+            raw = self.coord.all_gather("events", marshal.dumps(list(recorder._raw)), 30.0, "send its events")
+        except RanksMissing as exc:
+            self._missing(item, exc)
+        except RankHung as exc:
+            item.session.shouldfail = f"ddphooks: rank {exc.rank} hung in {item.nodeid}"
+            self.ack = f"hang-ack/{item.nodeid}"
+            self._raise(Verdict("failed", exc.text + "\nthe run stops here", f"rank {exc.rank} hung", None))
+        finally:
+            if own is not None:
+                own.close()
+        job = Job(item.nodeid, item.nodeid, self.world_size, self.nodes, run.spec.backend, True, limit, "", {}, "")
+        report = RunReport(job, {})
+        report.results = {r: pickle.loads(b) for r, b in enumerate(results)}
+        report.exits = {}
+        report.timeline = Timeline.from_raw({r: marshal.loads(b) for r, b in enumerate(raw)})
+        verdict = decide(report)
+        if verdict.outcome == "failed":
+            self.group_ok = False  # a failed test may leave the group broken: a fresh one next
+        if verdict.outcome == "passed":
+            return True
+        self._raise(verdict)
+        return True
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.ack is not None and report.when == "call":
+            # the hung rank waits for this before it ends the run
+            with contextlib.suppress(Exception):
+                self.coord.store.set(self.ack, b"1")
+            self.ack = None
+
+    def _on_hang(self, item: pytest.Item, recorder: Recorder, limit: float) -> None:
+        """The body outlived its limit: tell what this rank is doing, then end the run."""
+        with tempfile.TemporaryFile("w+") as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            f.seek(0)
+            stacks = hangs.parse_stacks(f.read())
+        timeline = Timeline.from_raw({self.rank: list(recorder._raw)})
+        lines = [f"ddphooks: {item.nodeid} did not finish within {limit:g} s on rank {self.rank}; the run stops"]
+        for span in timeline.open_spans(self.rank):
+            info = span.start.info
+            if span.kind in ("collective", "p2p") and info.get("seq"):
+                lines.append(f"  blocked in {info.get('op')} #{info.get('seq')} on group {info.get('group')}")
+            else:
+                lines.append(f"  in {span.start.info.get('qualname') or span.name}")
+        main = threading.main_thread().ident
+        for thread in stacks.threads:
+            if thread.ident == main:
+                frame = hangs.user_frame(thread)
+                if frame is not None:
+                    lines.append(f"  stuck at {frame.path}:{frame.line} in {frame.function}: {frame.source()}")
+                lines.extend("  " + ln for ln in hangs.format_stack(thread, f"rank {self.rank} stack"))
+        text = "\n".join(lines)
+        with contextlib.suppress(Exception):
+            self.coord.store.set(f"hang/{item.nodeid}/{self.rank}", text.encode())
+        if self.rank != 0:
+            # rank 0 reports it as the test's failure; leaving earlier would have torchrun
+            # stop rank 0 before it could
+            with contextlib.suppress(Exception):
+                self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=10))
+            if self.config.getoption("ddp_verbose_ranks"):
+                say(text)
+            os._exit(3)
+        say(text)
+        if self.rank == 0:
+            deadline = time.monotonic() + 3.0
+            shown = {0}
+            while time.monotonic() < deadline and len(shown) < self.world_size:
+                for r in range(self.world_size):
+                    key = f"hang/{item.nodeid}/{r}"
+                    if r not in shown and self.coord.store.check([key]):
+                        say(bytes(self.coord.store.get(key)).decode())
+                        shown.add(r)
+                time.sleep(0.1)
+        with contextlib.suppress(Exception):
+            self.coord.store.set(f"hang-ack/{item.nodeid}", b"1")
+        os._exit(3)

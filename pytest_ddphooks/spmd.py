@@ -1,0 +1,141 @@
+"""SPMD mode: the whole pytest session runs on every rank an outside launcher (torchrun) started.
+
+The ranks coordinate through the launcher's own key-value store, never through collectives:
+a store call has a time limit, a collective on a broken group may not. They check that they
+collected the same tests, agree to start each multirank test, and exchange each rank's
+result and recorded events, so that every rank reaches the same verdict and rank 0 can
+report it. The default process group is created once for the session and re-created after a
+test that may have broken it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+ENV_MARKERS = ("TORCHELASTIC_RUN_ID",)
+# this rank's own stderr, kept before pytest captures it: what must reach the user even from
+# inside a captured test (a hang report just before the rank ends the run)
+_REAL_STDERR = os.dup(2)
+os.set_inheritable(_REAL_STDERR, False)
+
+
+def launched() -> bool:
+    """True in a process started by torchrun (its elastic agent sets TORCHELASTIC_RUN_ID)."""
+    return all(name in os.environ for name in (*ENV_MARKERS, "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+class RanksMissing(Exception):
+    def __init__(self, what: str, missing: list[int], waited: float) -> None:
+        who = ", ".join(str(r) for r in missing)
+        super().__init__(
+            f"rank{'s' if len(missing) > 1 else ''} {who} did not {what} within {waited:g} s (hung or dead)"
+        )
+        self.missing = missing
+
+
+class RankHung(Exception):
+    def __init__(self, rank: int, text: str) -> None:
+        super().__init__(text)
+        self.rank = rank
+        self.text = text
+
+
+class Coordinator:
+    """Store-based agreement between the launched ranks of one session."""
+
+    def __init__(self, store: Any, rank: int, world_size: int) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self._calls: dict[str, int] = {}
+
+    @classmethod
+    def from_env(cls, timeout: float) -> Coordinator:
+        import torch.distributed as dist
+
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        wait = timedelta(seconds=timeout)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            store = dist.TCPStore(host, port, world, False, wait)
+        else:
+            store = dist.TCPStore(host, port, world, rank == 0, wait, multi_tenant=True)
+        return cls(dist.PrefixStore("ddphooks-spmd/", store), rank, world)
+
+    def _key(self, name: str) -> str:
+        n = self._calls.get(name, 0) + 1
+        self._calls[name] = n
+        return f"{name}/{n}"
+
+    def all_gather(
+        self, name: str, value: bytes, timeout: float, what: str = "arrive", watch: str | None = None
+    ) -> list[bytes]:
+        """Every rank's ``value`` for the n-th call of ``name``; RanksMissing after ``timeout``.
+        With ``watch``, a rank that posts ``watch/<rank>`` meanwhile raises RankHung."""
+        key = self._key(name)
+        self.store.set(f"{key}/{self.rank}", value)
+        keys = [f"{key}/{r}" for r in range(self.world_size)]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.store.wait(keys, timedelta(seconds=min(max(deadline - time.monotonic(), 0.05), 0.25)))
+                break
+            except Exception:
+                if watch is not None:
+                    for r in range(self.world_size):
+                        if self.store.check([f"{watch}/{r}"]):
+                            raise RankHung(r, bytes(self.store.get(f"{watch}/{r}")).decode()) from None
+                if time.monotonic() >= deadline:
+                    missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
+                    if missing:
+                        raise RanksMissing(what, missing, timeout) from None
+                    break
+        return [bytes(self.store.get(k)) for k in keys]
+
+
+def first_difference(lists: Sequence[Sequence[str]]) -> str | None:
+    """The first place where a rank's collected tests differ from rank 0's, in words."""
+    ref = list(lists[0])
+    for rank, other in enumerate(lists[1:], start=1):
+        other = list(other)
+        if other == ref:
+            continue
+        for i, (a, b) in enumerate(zip(ref, other, strict=False)):
+            if a != b:
+                return f"test #{i + 1}: rank 0 collected {a!r}, rank {rank} collected {b!r}"
+        if len(other) < len(ref):
+            missing = ref[len(other)]
+            return f"rank 0 collected {len(ref)} tests, rank {rank} only {len(other)}; the first missing: {missing!r}"
+        return f"rank {rank} collected {len(other)} tests, rank 0 only {len(ref)}; the first extra: {other[len(ref)]!r}"
+    return None
+
+
+def init_group(store: Any, rank: int, world_size: int, generation: int, timeout: float) -> None:
+    """(Re-)create the session's default process group on a fresh part of the store."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    backend = "gloo"
+    if os.environ.get("MASTER_ADDR") in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"pg{generation}/", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout),
+    )
+
+
+def say(text: str) -> None:
+    """A line to the real stderr of this rank, whatever pytest captures."""
+    try:
+        os.write(_REAL_STDERR, (text.rstrip("\n") + "\n").encode())
+    except OSError:
+        sys.stderr.write(text + "\n")

@@ -1,0 +1,132 @@
+"""The suite under torchrun: every launched rank runs the session (SPMD mode)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+
+def torchrun(folder: Path, *args: str, nproc: int = 2, timeout: float = 120) -> tuple[int, str, float]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    command += ["-m", "pytest", "-p", "no:cacheprovider", *args]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+
+
+def test_results_of_all_ranks_are_merged_on_rank_0(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(
+        test_spmd="""
+        import os
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_launched(rank, world_size, recorder):
+            assert "pytest" in open(f"/proc/{os.getpid()}/cmdline").read()  # the launched process itself
+            assert rank == int(os.environ["RANK"]) and world_size == 2
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            recorder.mark("done")
+            assert recorder.timeline().ranks == [0, 1]
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fails_on_rank_1(rank):
+            dist.barrier()
+            assert rank == 0, "only rank 0 may pass"
+
+        @pytest.mark.multirank(world_size=3)
+        def test_three(rank):
+            pass
+
+        def test_plain(tmp_path_factory):
+            open(os.path.join(os.environ["MARKS"], "plain-" + os.environ["RANK"]), "w").close()
+        """
+    )
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    xml = tmp_path / "junit.xml"
+    import os
+
+    os.environ["MARKS"] = str(marks)
+    try:
+        code, out, _ = torchrun(pytester.path, f"--junitxml={xml}")
+    finally:
+        del os.environ["MARKS"]
+    assert code != 0, out
+    assert out.count("= 1 failed, 2 passed, 1 deselected") == 1, out
+    for line in (
+        "multirank test failed on rank 1 of 2",
+        "  rank 1: failed: AssertionError: only rank 0 may pass",
+        "test_spmd.py::test_three: world_size=3, but torchrun launched 2 ranks",
+    ):
+        assert line in out, out
+    assert [p.name for p in marks.iterdir()] == ["plain-0"]
+    cases = {c.get("name"): c for c in ET.parse(xml).getroot().iter("testcase")}
+    assert set(cases) == {"test_launched", "test_fails_on_rank_1", "test_plain"}
+    assert cases["test_fails_on_rank_1"].find("failure") is not None
+
+
+def test_a_run_that_deselects_everything_exits_0(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_none="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=4)
+        def test_four(rank):
+            pass
+        """
+    )
+    code, out, _ = torchrun(pytester.path)
+    assert code == 0, out
+    assert "no test matched the 2 launched ranks; nothing to run" in out
+
+
+def test_ranks_that_collect_different_tests_are_stopped(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_differ="""
+        import os
+        import pytest
+
+        @pytest.mark.parametrize("i", range(1 + int(os.environ["RANK"])))
+        @pytest.mark.multirank(world_size=2)
+        def test_some(i, rank):
+            pass
+        """
+    )
+    code, out, _ = torchrun(pytester.path)
+    assert code != 0
+    assert "under torchrun every rank must collect the same tests in the same order;" in out
+    assert "rank 1 collected 2 tests, rank 0 only 1; the first extra: 'test_differ.py::test_some[1]'" in out
+
+
+def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_stuck="""
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_hang(rank):
+            if rank == 1:
+                while True:
+                    time.sleep(0.05)
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_after(rank):
+            pass
+        """
+    )
+    code, out, seconds = torchrun(pytester.path)
+    assert code != 0
+    assert "test_stuck.py::test_hang did not finish within 2 s on rank 1; the run stops" in out
+    assert "test_stuck.py:9 in test_hang: time.sleep(0.05)" in out
+    assert seconds < 60

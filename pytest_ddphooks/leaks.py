@@ -192,6 +192,8 @@ class LeakGuard:
                 leaks.append(Leak("group", key, f"{what} is still initialised"))
         for pid, cmd in sorted(after.processes.items()):
             if pid not in before.processes:
+                if cmd == "?":  # caught between fork and exec: let it become what it runs
+                    cmd = zygote.command_line(pid, settle=True)
                 leaks.append(Leak("process", cmd, f"process {pid} is still running: {cmd}", pid))
         for ident, t in after.threads.items():
             if ident not in before.threads or before.threads[ident] is not t:

@@ -30,6 +30,10 @@ def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
 
 
+def _first(message: str) -> str:
+    return message.splitlines()[0] if message else message
+
+
 def _tail(text: str, lines: int = 25) -> list[str]:
     rows = text.rstrip("\n").splitlines()
     if len(rows) > lines:
@@ -85,10 +89,10 @@ def decide(report: RunReport) -> Verdict:
                 if _consequence(report, r, res):
                     lines.append(
                         f"  rank {r}: failed after rank {report.first_failure},"
-                        f" because its peer went away: {res.message}"
+                        f" because its peer went away: {_first(res.message)}"
                     )
                 else:
-                    lines.append(f"  rank {r}: failed: {res.message}")
+                    lines.append(f"  rank {r}: failed: {_first(res.message)}")
             elif res is not None:
                 lines.append(f"  rank {r}: {res.outcome}")
             elif r in report.stopped:
@@ -101,12 +105,12 @@ def decide(report: RunReport) -> Verdict:
             message = f"rank {r} died ({ex.describe() if ex else 'no exit status'})"
     if primary and not message:
         first = report.results[primary[0]]
-        message = f"rank {primary[0]}: {first.message}"
+        message = f"rank {primary[0]}: {_first(first.message)}"
         if len(primary) > 1:
-            message = f"{_ranks(primary)} failed; rank {primary[0]}: {first.message}"
+            message = f"{_ranks(primary)} failed; rank {primary[0]}: {_first(first.message)}"
         location = first.location
     elif failed and not message:
-        message = f"rank {failed[0]}: {report.results[failed[0]].message}"
+        message = f"rank {failed[0]}: {_first(report.results[failed[0]].message)}"
     for r in primary or failed:
         res = report.results[r]
         label = f" rank {r}" + (" (first failure)" if r == report.first_failure and len(failed) > 1 else "")

@@ -2,7 +2,7 @@
 
 Each (rank, thread) is a lane with its own program order. A completed collective adds edges
 from the entry ("start") of some members to the exit ("end") of others, as its kind implies
-(see ``collectives.SYNC``). A collective the members disagree on, one a member never entered,
+(see ``collectives.OPS``). A collective the members disagree on, one a member never entered,
 one that raised, and the incoming side of an asynchronous call add no edge: the clocks only
 claim an order that a synchronisation really enforced.
 """
@@ -44,8 +44,13 @@ class Instance:
 
     @property
     def consistent(self) -> bool:
-        seen = {collectives.comparable(self.op, _op_info(e)) for e in self.starts.values()}
+        seen = {collectives.comparable(op_of(e), e.info) for e in self.starts.values()}
         return len(seen) <= 1
+
+    @property
+    def errored(self) -> bool:
+        """Some member's call raised: the collective as a whole establishes nothing."""
+        return any("error" in e.info for e in self.ends.values())
 
     def label(self) -> str:
         if self.key[0] == "p":
@@ -57,15 +62,13 @@ class Instance:
         if self.sync == collectives.RECV:
             send = self.starts.get(self.key[2])
             recv_end = self.ends.get(self.key[3])
-            if send is None or recv_end is None or not _effective_end(recv_end):
+            if send is None or recv_end is None or not _effective_end(recv_end) or self.errored:
                 return []
             return [(recv_end, [send])]
-        if not self.consistent:
+        if not self.complete or not self.consistent or self.errored:
             return []
         out: list[tuple[Event, list[Event]]] = []
         if self.sync == collectives.ALL:
-            if not self.complete:
-                return []
             starts = [self.starts[m] for m in self.members]
             for end in self.ends.values():
                 if _effective_end(end):
@@ -79,14 +82,10 @@ class Instance:
                     out.append((end, [root_start]))
         elif self.sync == collectives.TO_ROOT:
             end = self.ends.get(self.root) if self.root is not None else None
-            if end is None or not self.complete or not _effective_end(end):
+            if end is None or not _effective_end(end):
                 return []
             out.append((end, [self.starts[m] for m in self.members]))
         return out
-
-
-def _op_info(e: Event) -> dict[str, Any]:
-    return dict(e.info)
 
 
 def _effective_end(end: Event) -> bool:

@@ -1,6 +1,6 @@
 """What each torch.distributed call means for ordering, and how its arguments are described.
 
-``SYNC`` says which ranks a completed call orders after which:
+The sync field of ``OPS`` says which ranks a completed call orders after which:
 - ``all``: every member waits for every other (barrier, all-reduce-like ops);
 - ``from_root``: the root's past reaches the others (broadcast, scatter);
 - ``to_root``: the others' past reaches the root (reduce, gather);

@@ -20,7 +20,7 @@ import sysconfig
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .recorder import collectives, events
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .launch.run import RunReport
     from .recorder.timeline import Span, Timeline
 
+K = TypeVar("K")
 _THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
@@ -71,36 +72,41 @@ def parse_stacks(text: str) -> Stacks:
     return out
 
 
-def collect_stacks(live: Mapping[int, int], job: Job, wait: float = 1.0) -> dict[int, Stacks]:
-    """Ask each live rank (rank -> pid) for its stacks; read them once they stop growing."""
-    paths = {rank: job.path(rank, "stacks") for rank in live}
-    for path in paths.values():
+def dump_stacks(targets: Mapping[K, tuple[int, str]], wait: float = 1.0) -> dict[K, Stacks]:
+    """Ask processes (key -> (pid, the file their faulthandler writes on SIGUSR1)) for their
+    stacks; read them once they stop growing, or after ``wait`` seconds."""
+    for _, path in targets.values():
         with contextlib.suppress(OSError):
             os.truncate(path, 0)
-    for pid in live.values():
+    for pid, _ in targets.values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
     deadline = time.monotonic() + wait
-    sizes: dict[int, int] = {}
-    steady: set[int] = set()
-    while len(steady) < len(paths) and time.monotonic() < deadline:
+    sizes: dict[K, int] = {}
+    steady: set[K] = set()
+    while len(steady) < len(targets) and time.monotonic() < deadline:
         time.sleep(0.01)
-        for rank, path in paths.items():
+        for key, (_, path) in targets.items():
             try:
                 size = os.path.getsize(path)
             except OSError:
                 size = 0
-            if size and sizes.get(rank) == size:
-                steady.add(rank)
-            sizes[rank] = size
+            if size and sizes.get(key) == size:
+                steady.add(key)
+            sizes[key] = size
     out = {}
-    for rank, path in paths.items():
+    for key, (_, path) in targets.items():
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
-                out[rank] = parse_stacks(f.read())
+                out[key] = parse_stacks(f.read())
         except FileNotFoundError:
-            out[rank] = Stacks()
+            out[key] = Stacks()
     return out
+
+
+def collect_stacks(live: Mapping[int, int], job: Job, wait: float = 1.0) -> dict[int, Stacks]:
+    """Every live rank's stacks (rank -> pid)."""
+    return dump_stacks({rank: (pid, job.path(rank, "stacks")) for rank, pid in live.items()}, wait)
 
 
 def _library_roots() -> tuple[str, ...]:

@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .hangs import Stacks, parse_stacks
+from .hangs import Stacks, dump_stacks
 from .launch import zygote
+from .launch.job import read_text
 
 STARTUP_LIMIT = 120.0  # seconds to start an interpreter and collect one test file
 
@@ -60,14 +61,6 @@ def _read_messages(path: str) -> list[dict[str, Any]]:
     except FileNotFoundError:
         pass
     return out
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
 
 
 def _kill_session(pid: int) -> None:
@@ -113,7 +106,7 @@ def run_isolated(
                 deadline = time.monotonic() + limit
             if time.monotonic() >= deadline:
                 run.timed_out = True
-                run.stacks = _dump_stacks(proc.pid, stacks)
+                run.stacks = dump_stacks({0: (proc.pid, stacks)})[0]
                 _kill_session(proc.pid)
                 proc.wait()
                 break
@@ -130,24 +123,5 @@ def run_isolated(
         run.code = code
     run.duration = time.monotonic() - began
     run.messages = _read_messages(messages)
-    run.stdout, run.stderr = _read(out_path), _read(err_path)
+    run.stdout, run.stderr = read_text(out_path), read_text(err_path)
     return run
-
-
-def _dump_stacks(pid: int, path: str) -> Stacks:
-    with contextlib.suppress(OSError):
-        os.truncate(path, 0)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGUSR1)
-    deadline = time.monotonic() + 1.0
-    last = -1
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = 0
-        if size and size == last:
-            break
-        last = size
-    return parse_stacks(_read(path))

@@ -61,3 +61,12 @@ class RankResult:
         except (FileNotFoundError, EOFError, pickle.UnpicklingError):
             return None
         return result if isinstance(result, RankResult) else None
+
+
+def read_text(path: str) -> str:
+    """A file a rank or child wrote, or "" when it never wrote one."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""

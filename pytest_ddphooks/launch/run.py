@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from .. import hangs
 from ..recorder.events import read_raw
 from ..recorder.timeline import Timeline
-from .job import Job, RankResult
+from .job import Job, RankResult, read_text
 from .zygote import Launcher, RankExit
 
 
@@ -42,14 +42,6 @@ class RunReport:
         if rank in self.stopped:
             return False
         return rank not in self.results or (ex is not None and (ex.signal is not None or ex.code != 0))
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
 
 
 def run_job(launcher: Launcher, job: Job, *, grace: float = 1.0) -> RunReport:
@@ -96,7 +88,7 @@ def run_job(launcher: Launcher, job: Job, *, grace: float = 1.0) -> RunReport:
     report.swept = launcher.finish(job.test_id)
     report.duration = time.monotonic() - started
     for r in range(job.world_size):
-        out, err = _read(job.path(r, "out")), _read(job.path(r, "err"))
+        out, err = read_text(job.path(r, "out")), read_text(job.path(r, "err"))
         if out or err:
             report.outputs[r] = (out, err)
     raw = {r: list(read_raw(job.path(r, "events"))) for r in range(job.world_size)}

@@ -1,0 +1,56 @@
+"""--ddp-trace-dir writes a Chrome trace for every failed multirank test, and only those."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_trace_of_each_failed_test_is_written(inner, tmp_path) -> None:
+    traces = tmp_path / "traces"
+    ran = inner(
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fails(rank, recorder):
+            recorder.mark("step")
+            dist.all_reduce(torch.ones(1))
+            assert rank == 0
+
+        @pytest.mark.multirank(world_size=2)
+        def test_passes(rank):
+            dist.barrier()
+        """,
+        f"--ddp-trace-dir={traces}",
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    files = sorted(p.name for p in traces.iterdir())
+    assert files == ["test_inner.py_test_fails.json"]
+    ran.lines(f"Chrome trace of the timeline: {traces}/test_inner.py_test_fails.json")
+    trace = json.loads((traces / files[0]).read_text())
+    events = trace["traceEvents"]
+    names = {(e["ph"], e.get("name")) for e in events}
+    assert ("M", "process_name") in names
+    assert ("X", "dist.all_reduce") in names and ("i", "step") in names
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}
+    starts = {e["id"] for e in events if e["ph"] == "s"}
+    ends = {e["id"] for e in events if e["ph"] == "f"}
+    assert starts and starts == ends, "collectives are drawn as flow arrows between ranks"
+
+
+def test_ini_twin(inner, pytester, tmp_path) -> None:
+    traces = tmp_path / "from-ini"
+    pytester.makeini(f"[pytest]\nddp_trace_dir = {traces}\n")
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fails(rank):
+            assert False
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    assert [p.name for p in traces.iterdir()] == ["test_inner.py_test_fails.json"]

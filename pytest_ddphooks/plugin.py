@@ -436,10 +436,7 @@ class DdpHooks:
             cwd=os.getcwd(),
             payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL),
         )
-        try:
-            report = run_job(self.launcher, job)
-        finally:
-            pass
+        report = run_job(self.launcher, job)
         verdict = decide(report)
         capture = self.config.getoption("capture", "fd")
         for r, (out, err) in sorted(report.outputs.items()):

@@ -12,7 +12,7 @@ import io
 import os
 import pickle
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -37,7 +37,6 @@ class ItemPayload:
     instance_state: bytes | None
     node_dirs: list[str]
     markup: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 def register_items(items: list[pytest.Item]) -> None:

@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
 _current: Recorder | None = None
+_active: list[Recorder] = []  # activated and not closed yet, oldest first; _current is the last
 
 
 def current() -> Recorder | None:
@@ -74,7 +75,6 @@ class Recorder:
         self._p2p: dict[tuple[Any, ...], int] = {}
         self._undo: list[Callable[[], None]] = []
         self._timelines = 0
-        self._previous: Recorder | None = None
         self._active = False
         main = threading.main_thread()
         self._lane_of(main.ident or 0, main.name)
@@ -116,7 +116,7 @@ class Recorder:
 
     def mark(self, name: str, **info: Any) -> None:
         """Record a point event ``name`` with optional details."""
-        self._emit(events.MARK, events.POINT, name, _plain(info) if info else None, next(self._ids))
+        self._emit(events.MARK, events.POINT, str(name), _plain(info) if info else None, next(self._ids))
 
     def issued_on_this_thread(self) -> int:
         """How many collectives (on an existing group) this thread has started so far."""
@@ -175,7 +175,22 @@ class Recorder:
         qualname = getattr(func, "__qualname__", f"{owner.__qualname__}.{name}")
         recorder = self
 
-        if kind == events.BARRIER:
+        if kind != events.BARRIER and inspect.iscoroutinefunction(func):
+
+            async def acall(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                __tracebackhide__ = True
+                call_id = recorder.begin(kind, event_name, {"qualname": qualname})
+                try:
+                    result = await fn(*args, **kwargs)
+                except BaseException as exc:
+                    recorder.end(call_id, kind, event_name, {"error": _error_text(exc)})
+                    raise
+                recorder.end(call_id, kind, event_name, None)
+                return result
+
+            call: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] = acall
+
+        elif kind == events.BARRIER:
 
             def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 __tracebackhide__ = True
@@ -207,46 +222,25 @@ class Recorder:
                 recorder.end(call_id, kind, event_name, None)
                 return result
 
+        is_async = kind != events.BARRIER and inspect.iscoroutinefunction(func)
         if isinstance(target, type):
+            # a classmethod's wrapper gets the class as its first argument, like the function
+            wrapper = _forwarder(func, func, call, is_async)
             if isinstance(raw, staticmethod):
-
-                @functools.wraps(func)
-                def static_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    __tracebackhide__ = True
-                    return call(func, args, kwargs)
-
-                replacement: Any = staticmethod(static_wrapper)
+                replacement: Any = staticmethod(wrapper)
             elif isinstance(raw, classmethod):
-
-                @functools.wraps(func)
-                def class_wrapper(cls: Any, *args: Any, **kwargs: Any) -> Any:
-                    __tracebackhide__ = True
-                    return call(func, (cls, *args), kwargs)
-
-                replacement = classmethod(class_wrapper)
+                replacement = classmethod(wrapper)
             else:
-
-                @functools.wraps(func)
-                def method_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    __tracebackhide__ = True
-                    return call(func, args, kwargs)
-
-                replacement = method_wrapper
+                replacement = wrapper
             had_own = name in vars(target)
             setattr(target, name, replacement)
             self._undo.append(_restorer(target, name, raw, had_own))
         else:
-            bound = getattr(target, name)
-
-            @functools.wraps(func)
-            def instance_wrapper(*args: Any, **kwargs: Any) -> Any:
-                __tracebackhide__ = True
-                return call(bound, args, kwargs)
-
+            wrapper = _forwarder(func, getattr(target, name), call, is_async)
             had_own = name in getattr(target, "__dict__", {})
             previous = target.__dict__.get(name) if had_own else None
             try:
-                setattr(target, name, instance_wrapper)
+                setattr(target, name, wrapper)
             except AttributeError:
                 raise TypeError(
                     f"cannot instrument {owner.__qualname__}.{name} on this object (no __dict__);"
@@ -263,7 +257,8 @@ class Recorder:
 
         distpatch.install()
         if not self._active:
-            self._previous, _current, self._active = _current, self, True
+            _active.append(self)
+            _current, self._active = self, True
         return self
 
     def close(self) -> None:
@@ -272,7 +267,10 @@ class Recorder:
         while self._undo:
             self._undo.pop()()
         if self._active:
-            _current = self._previous
+            # closed out of order, a recorder must neither take the others' calls with it nor
+            # hand recording back to one that was closed already
+            _active.remove(self)
+            _current = _active[-1] if _active else None
             self._active = False
         if self._file is not None:
             self._file.close()
@@ -299,6 +297,31 @@ class Recorder:
         self._timelines += 1
         blobs = self._exchange(marshal.dumps(local))
         return Timeline.from_raw({rank: marshal.loads(blob) for rank, blob in enumerate(blobs)})
+
+
+def _forwarder(
+    func: Any,
+    fn: Callable[..., Any],
+    call: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+    is_async: bool,
+) -> Callable[..., Any]:
+    """The function put in place of ``func``: it records around ``fn`` (``func`` or bound)."""
+    if is_async:
+
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            return await call(fn, args, kwargs)
+
+        return functools.wraps(func)(async_wrapper)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        return call(fn, args, kwargs)
+
+    try:
+        return functools.wraps(func)(wrapper)
+    except (AttributeError, TypeError):
+        return wrapper
 
 
 def _restorer(target: Any, name: str, previous: Any, had_own: bool) -> Callable[[], None]:

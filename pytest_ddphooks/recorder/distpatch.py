@@ -115,9 +115,21 @@ def _global(group: Any, root: Any, group_root: Any) -> int | None:
     return None if group_root is None else int(group_root)
 
 
+def _reduce_op_name(reduce_op: Any) -> str:
+    """``SUM`` for ``ReduceOp.SUM``, for ``ReduceOp(ReduceOp.SUM)``, and when omitted."""
+    if reduce_op is None:
+        return "SUM"
+    reduce_op = getattr(reduce_op, "op", reduce_op)  # a ReduceOp object wraps a RedOpType
+    name = getattr(reduce_op, "name", None)
+    return str(name) if name is not None else str(reduce_op)
+
+
 def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     kind, sync, root_arg, group_root_arg = OPS[op]
-    params = tuple(inspect.signature(original).parameters)
+    signature = inspect.signature(original)
+    params = tuple(signature.parameters)
+    # what an omitted argument means (older torch has e.g. ``src=0`` in the signature)
+    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
     payload_arg = PAYLOAD_ARG.get(op)
     name = "dist." + op
 
@@ -163,14 +175,33 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         info["seq"] = rec.next_seq(key)
         if op in _OBJECT_OPS:
             info["payload"] = "object"
+        elif op == "broadcast_object_list":
+            # the root's list holds the objects, the others' placeholders: only the length is shared
+            objects = bound.get("object_list")
+            info["payload"] = f"objects x{len(objects)}" if isinstance(objects, (list, tuple)) else "objects"
         elif payload_arg is not None:
             info["payload"] = describe_tensor(bound.get(payload_arg))
         if root_arg is not None:
-            info["root"] = _global(group, bound.get(root_arg), bound.get(group_root_arg or ""))
+            root, group_root = bound.get(root_arg), bound.get(group_root_arg or "")
+            if root is None and group_root is None and op in collectives.DEFAULT_ROOT_ZERO:
+                root = 0  # what torch does then
+            info["root"] = _global(group, root, group_root)
         if op in _REDUCING:
-            reduce_op = bound.get("op")
-            info["reduce_op"] = "SUM" if reduce_op is None else str(getattr(reduce_op, "name", reduce_op))
+            info["reduce_op"] = _reduce_op_name(bound.get("op"))
         return info
+
+    def describe_safely(rec: core.Recorder, bound: dict[str, Any]) -> dict[str, Any]:
+        # the recorder must never be why a call fails: a call it cannot describe is recorded bare
+        try:
+            return describe(rec, bound)
+        except Exception as exc:
+            return {"op": op, "recorder_error": core._error_text(exc)}
+
+    def after_safely(rec: core.Recorder, info: dict[str, Any], result: Any) -> dict[str, Any] | None:
+        try:
+            return after(rec, info, result)
+        except Exception as exc:
+            return {"recorder_error": core._error_text(exc)}
 
     def after(rec: core.Recorder, info: dict[str, Any], result: Any) -> dict[str, Any] | None:
         out: dict[str, Any] = {"async": True} if info.get("async") else {}
@@ -195,10 +226,11 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         rec = core._current
         if rec is None or getattr(_tls, "depth", 0):
             return original(*args, **kwargs)
-        bound = dict(zip(params, args, strict=False))
+        bound = dict(defaults)
+        bound.update(zip(params, args, strict=False))
         if kwargs:
             bound.update(kwargs)
-        info = describe(rec, bound)
+        info = describe_safely(rec, bound)
         call_id = rec.begin(kind, name, info)
         _tls.depth = 1
         try:
@@ -211,7 +243,7 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             rec.end(call_id, kind, name, failed)
             raise
         _tls.depth = 0
-        rec.end(call_id, kind, name, after(rec, info, result))
+        rec.end(call_id, kind, name, after_safely(rec, info, result))
         return result
 
     setattr(wrapper, _MARK, original)

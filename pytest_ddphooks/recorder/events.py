@@ -121,8 +121,24 @@ def read_raw(path: str | os.PathLike[str]) -> Iterator[RawEvent]:
             record = marshal.loads(data[pos + 4 : pos + 4 + n])
         except (EOFError, ValueError, TypeError):
             return
+        if not _well_formed(record):
+            return  # a torn length can frame a prefix that unmarshals: it is not a record
         yield record
         pos += 4 + n
+
+
+def _well_formed(record: Any) -> bool:
+    return (
+        type(record) is tuple
+        and len(record) == 7
+        and type(record[0]) is int
+        and type(record[1]) is int
+        and type(record[2]) is int
+        and type(record[3]) is str
+        and type(record[4]) is str
+        and type(record[5]) is str
+        and (record[6] is None or type(record[6]) is dict)
+    )
 
 
 def to_events(rank: int, records: Iterator[RawEvent] | list[RawEvent]) -> tuple[list[Event], dict[int, str]]:

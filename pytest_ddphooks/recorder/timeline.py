@@ -210,27 +210,51 @@ class Timeline:
         else:
             lines.append(f"and no collective connects them; before event #{y.start.index} rank {y.rank} passed:")
             for inst in passed[-4:]:
-                lines.append("  " + self._describe_passage(inst, x))
+                lines.append("  " + self._describe_passage(inst, x, y))
         for nb in self.noop_barriers():
             if (nb.rank == y.rank and nb.index < y.start.index) or (nb.rank == x.rank and nb.index > x.start.index):
                 lines.append(str(nb))
         return lines
 
-    def _describe_passage(self, inst: Instance, x: Span) -> str:
+    def _describe_passage(self, inst: Instance, x: Span, y: Span) -> str:
         assert x.end is not None
         label = f"{inst.label()} on {collectives.group_label(inst.group, list(inst.members))}"
         start = inst.starts.get(x.rank)
         if start is None:
             return f"{label}, which rank {x.rank} never entered"
+        within = self._enclosing(start)
+        if within is not None:
+            label += f" (issued in {within.name})"
         if not inst.consistent:
             return f"{label}, where the ranks called different collectives"
+        missing = [m for m in inst.members if m not in inst.starts]
+        if missing:
+            who = ",".join(str(m) for m in missing)
+            return f"{label}, which rank{'s' if len(missing) > 1 else ''} {who} never entered"
+        raised = sorted(r for r, e in inst.ends.items() if "error" in e.info)
+        if raised:
+            return f"{label}, which raised on rank {','.join(str(r) for r in raised)}"
         if start.index < x.end.index:
             return f"{label}, which rank {x.rank} entered at event #{start.index}, before {x.name} ended"
+        y_end = inst.ends.get(y.rank)
+        if y_end is not None and y_end.info.get("async"):
+            return f"{label}, which was asynchronous on rank {y.rank}: its completion (wait) is not recorded"
         if inst.sync == collectives.FROM_ROOT and inst.root != x.rank:
             return f"{label}, whose root is rank {inst.root}: it orders only the root before the others"
         if inst.sync == collectives.TO_ROOT:
             return f"{label}, which orders the others before its root (rank {inst.root}) only"
         return f"{label}, which does not order rank {x.rank} before it"
+
+    def _enclosing(self, e: Event) -> Span | None:
+        """The innermost framework barrier, else instrumented call, that ``e`` happened in."""
+        best: dict[str, Span] = {}
+        for s in self._spans:
+            if s.rank != e.rank or s.start.lane != e.lane or s.kind not in (events.BARRIER, events.CALL):
+                continue
+            inside = s.start.index < e.index and (s.end is None or s.end.index > e.index)
+            if inside and (s.kind not in best or best[s.kind].start.index < s.start.index):
+                best[s.kind] = s
+        return best.get(events.BARRIER) or best.get(events.CALL)
 
     # -- other assertions --------------------------------------------------------------------
 
@@ -261,15 +285,20 @@ class Timeline:
             self._fail("order " + " -> ".join(names) + " not found:\n" + "\n".join("  " + p for p in problems))
 
     def assert_called_once(self, name: str) -> None:
-        """On each rank where ``name`` occurs, it occurs exactly once."""
+        """On each rank where ``name`` occurs, it occurs exactly once.
+
+        With explicit ranks (``"name@0,2"``) it must occur exactly once on each of them.
+        """
         base, ranks, found = self._select(name)
         if not found:
             self._fail(f"{name!r} was never called on {_where(ranks)}")
-        counts: dict[int, list[int]] = {}
+        counts: dict[int, list[int]] = {r: [] for r in ranks or ()}
         for s in found:
             counts.setdefault(s.rank, []).append(s.start.index)
         problems = [
-            f"{base!r} was called {len(idx)} times on rank {r} ({_at(idx)}); expected exactly once"
+            f"{base!r} was never called on rank {r}; expected exactly once"
+            if not idx
+            else f"{base!r} was called {len(idx)} times on rank {r} ({_at(idx)}); expected exactly once"
             for r, idx in sorted(counts.items())
             if len(idx) != 1
         ]

@@ -105,7 +105,36 @@ def per_call_seconds(n: int = 200_000) -> dict[str, float]:
     return out
 
 
+def dist_call_seconds(n: int = 2000) -> dict[str, float]:
+    """Seconds per ``dist.all_reduce`` on a world-size-1 gloo group, with and without a recorder."""
+    from pytest_ddphooks.recorder import distpatch
+
+    distpatch.install()
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+        try:
+            t = torch.ones(4)
+            original = dist.all_reduce.__ddphooks_original__  # type: ignore[attr-defined]
+            out["all_reduce (unpatched)"] = min(timeit.repeat(lambda: original(t), number=n, repeat=3)) / n
+            out["all_reduce (patched, no recorder)"] = (
+                min(timeit.repeat(lambda: dist.all_reduce(t), number=n, repeat=3)) / n
+            )
+            with Recorder(0, 1, event_file=os.path.join(d, "events")):
+                out["all_reduce (recorded to file)"] = (
+                    min(timeit.repeat(lambda: dist.all_reduce(t), number=n, repeat=3)) / n
+                )
+        finally:
+            dist.destroy_process_group()
+    return out
+
+
 def main() -> None:
+    for k, v in dist_call_seconds().items():
+        print(f"{k:32s} {v * 1e6:8.3f} us")
     for k, v in per_call_seconds().items():
         print(f"{k:32s} {v * 1e6:8.3f} us")
     for k, v in timeline_seconds().items():

@@ -39,7 +39,9 @@ class Sim:
         self.t = 1_000_000
         self._ids = itertools.count(1)
         self._seq: dict[tuple[int, str], int] = defaultdict(int)
-        self._p2p: dict[tuple[Any, ...], int] = defaultdict(int)
+        # each rank numbers its own sends and recvs, per (group, src, dst, tag)
+        self._sent: dict[tuple[Any, ...], int] = defaultdict(int)
+        self._received: dict[tuple[Any, ...], int] = defaultdict(int)
 
     # -- low level ---------------------------------------------------------------------------
 
@@ -85,7 +87,12 @@ class Sim:
         effective: bool = True,
         **extra: Any,
     ) -> Handle:
-        """Start a collective on ``rank`` as distpatch describes it (seq numbered per group)."""
+        """Start a collective on ``rank`` as distpatch describes it (seq numbered per group).
+
+        Barriers have no payload, as in distpatch.
+        """
+        if op in ("barrier", "monitored_barrier"):
+            payload = None
         info: dict[str, Any] = {"op": op, "group_existed": effective}
         if not effective:
             info["effective"] = False
@@ -129,7 +136,7 @@ class Sim:
         return handles
 
     def send_start(self, src: int, dst: int, *, tag: int = 0, group: str = "default", op: str = "send") -> Handle:
-        self._p2p[(group, src, dst, tag)] += 1
+        self._sent[(group, src, dst, tag)] += 1
         info = {
             "op": op,
             "group_existed": True,
@@ -140,7 +147,7 @@ class Sim:
             "payload": "float32[4]",
             "src": src,
             "dst": dst,
-            "seq": self._p2p[(group, src, dst, tag)],
+            "seq": self._sent[(group, src, dst, tag)],
         }
         if op == "isend":
             info["async"] = True
@@ -170,8 +177,9 @@ class Sim:
         if error:
             out["error"] = error
         elif src is not None:
-            self._p2p[(h.info["group"], src, h.info["dst"], h.info["tag"])] += 1
-            out.update(src=src, seq=self._p2p[(h.info["group"], src, h.info["dst"], h.info["tag"])])
+            key = (h.info["group"], src, h.info["dst"], h.info["tag"])
+            self._received[key] += 1
+            out.update(src=src, seq=self._received[key])
         self.end(h, out or None)
 
     # -- framework barriers ------------------------------------------------------------------

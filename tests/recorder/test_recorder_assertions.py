@@ -1,0 +1,294 @@
+"""assert_order, assert_called_once, selectors, and collective mismatches."""
+
+from __future__ import annotations
+
+import pytest
+from synth import Sim
+
+from pytest_ddphooks.recorder import Mismatch, Timeline, TimelineAssertionError
+from pytest_ddphooks.recorder.timeline import parse_selector
+
+
+def message(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    """The explanation, without the swimlanes drawn under it."""
+    return str(excinfo.value).split("\n\n", 1)[0]
+
+
+def test_timeline_assertion_error_is_an_assertion_error() -> None:
+    assert issubclass(TimelineAssertionError, AssertionError)
+
+
+# -- selectors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("selector", "parsed"),
+    [
+        ("setup", ("setup", None)),
+        ("setup@0", ("setup", (0,))),
+        ("setup@0,2", ("setup", (0, 2))),
+        ("model.setup@1", ("model.setup", (1,))),
+        ("user@host", ("user@host", None)),
+        ("odd@", ("odd@", None)),
+    ],
+)
+def test_parse_selector(selector: str, parsed: tuple[str, tuple[int, ...] | None]) -> None:
+    assert parse_selector(selector) == parsed
+
+
+def three_ranks() -> Timeline:
+    sim = Sim(3)
+    for r in range(3):
+        sim.call(r, "setup")
+    sim.call(1, "setup")
+    sim.mark(2, "only_two")
+    return sim.timeline()
+
+
+def test_selectors_pick_ranks() -> None:
+    tl = three_ranks()
+    assert [s.rank for s in tl.spans("setup")] == [0, 1, 1, 2]
+    assert [s.rank for s in tl._select("setup@0")[2]] == [0]
+    assert [s.rank for s in tl._select("setup@0,2")[2]] == [0, 2]
+    assert tl.happens_before("setup@0", "only_two@2") is False
+
+
+# -- assert_order -----------------------------------------------------------------------------
+
+
+def ordered() -> Timeline:
+    sim = Sim(2)
+    for name in ("load", "setup", "noise", "train", "save"):
+        sim.call(0, name)
+    for name in ("setup", "load", "train"):
+        sim.call(1, name)
+    return sim.timeline()
+
+
+def test_assert_order_accepts_a_subsequence_on_one_rank() -> None:
+    tl = ordered()
+    tl.assert_order(["load", "setup", "train", "save"], rank=0)
+    tl.assert_order(["setup", "save"], rank=0)
+    tl.assert_order("train", rank=1)
+    tl.assert_order(["setup", "train"])  # every rank
+
+
+def test_assert_order_reports_where_each_rank_went_wrong() -> None:
+    tl = ordered()
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_order(["load", "setup", "train"])
+    assert message(err) == (
+        "order load -> setup -> train not found:\n"
+        "  rank 1: load at event #2, then no setup after it (setup at event #0)"
+    )
+
+
+def test_assert_order_reports_a_name_that_never_happened() -> None:
+    tl = ordered()
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_order(["save", "exit"], rank=0)
+    assert (
+        message(err)
+        == "order save -> exit not found:\n  rank 0: save at event #8, then no exit after it (exit never happened)"
+    )
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_order(["save"], rank=1)
+    assert message(err) == "order save not found:\n  rank 1: save never happened"
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_order(["setup", "save"])
+    assert message(err).splitlines()[1:] == ["  rank 1: setup at event #0, then no save after it (save never happened)"]
+
+
+def test_assert_order_sees_collectives_and_marks() -> None:
+    sim = Sim(2)
+    sim.mark(0, "ready")
+    sim.coll("all_reduce", reduce_op="SUM")
+    sim.call(0, "step")
+    tl = sim.timeline()
+    tl.assert_order(["ready", "dist.all_reduce", "step"], rank=0)
+    with pytest.raises(TimelineAssertionError):
+        tl.assert_order(["step", "dist.all_reduce"], rank=0)
+
+
+# -- assert_called_once -----------------------------------------------------------------------
+
+
+def test_assert_called_once_passes_on_each_rank_where_it_happens() -> None:
+    tl = three_ranks()
+    tl.assert_called_once("setup@0")
+    tl.assert_called_once("setup@0,2")
+    tl.assert_called_once("only_two")
+
+
+def test_assert_called_once_reports_counts_and_events() -> None:
+    tl = three_ranks()
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_called_once("setup")
+    assert message(err) == "'setup' was called 2 times on rank 1 (events #0, #2); expected exactly once"
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_called_once("setup@1,2")
+    assert message(err) == "'setup' was called 2 times on rank 1 (events #0, #2); expected exactly once"
+
+
+def test_assert_called_once_reports_never() -> None:
+    tl = three_ranks()
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_called_once("teardown")
+    assert message(err) == "'teardown' was never called on any rank"
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_called_once("only_two@0,1")
+    assert message(err) == "'only_two@0,1' was never called on ranks 0,1"
+
+
+def test_assert_called_once_with_explicit_ranks_requires_each_of_them() -> None:
+    tl = three_ranks()
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_called_once("only_two@0,2")
+    assert message(err) == "'only_two' was never called on rank 0; expected exactly once"
+
+
+def test_the_failure_draws_the_swimlanes() -> None:
+    with pytest.raises(TimelineAssertionError) as err:
+        three_ranks().assert_called_once("setup")
+    lanes = str(err.value).split("\n\n", 1)[1]
+    assert lanes.splitlines()[0].split(" | ")[0].strip() == "rank 0"
+    assert "> setup" in lanes
+
+
+# -- collective mismatches --------------------------------------------------------------------
+
+
+def mismatched(rank0: dict, rank1: dict, *, before: int = 2) -> Timeline:
+    sim = Sim(2)
+    for _ in range(before):
+        sim.coll("all_reduce", reduce_op="SUM")
+    a = sim.cstart(0, **rank0)
+    b = sim.cstart(1, **rank1)
+    sim.cend(a)
+    sim.cend(b)
+    return sim.timeline()
+
+
+def test_the_first_mismatch_is_reported_in_words() -> None:
+    tl = mismatched({"op": "all_reduce", "reduce_op": "SUM"}, {"op": "broadcast", "root": 0})
+    found = tl.collective_mismatches()
+    assert len(found) == 1
+    assert isinstance(found[0], Mismatch)
+    assert (found[0].group, found[0].seq) == ("default", 3)
+    assert str(found[0]) == (
+        "collective #3 on the default group: rank 0 all_reduce(float32[4]), rank 1 broadcast(float32[4], src=0)"
+    )
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_collectives_match()
+    assert message(err) == str(found[0])
+
+
+@pytest.mark.parametrize(
+    ("rank0", "rank1", "text"),
+    [
+        (
+            {"op": "all_reduce", "payload": "float32[4]", "reduce_op": "SUM"},
+            {"op": "all_reduce", "payload": "float32[8]", "reduce_op": "SUM"},
+            "rank 0 all_reduce(float32[4]), rank 1 all_reduce(float32[8])",
+        ),
+        (
+            {"op": "all_reduce", "payload": "float32[4]", "reduce_op": "SUM"},
+            {"op": "all_reduce", "payload": "float64[4]", "reduce_op": "SUM"},
+            "rank 0 all_reduce(float32[4]), rank 1 all_reduce(float64[4])",
+        ),
+        (
+            {"op": "all_reduce", "reduce_op": "SUM"},
+            {"op": "all_reduce", "reduce_op": "MAX"},
+            "rank 0 all_reduce(float32[4]), rank 1 all_reduce(float32[4], op=MAX)",
+        ),
+        (
+            {"op": "broadcast", "root": 0},
+            {"op": "broadcast", "root": 1},
+            "rank 0 broadcast(float32[4], src=0), rank 1 broadcast(float32[4], src=1)",
+        ),
+        (
+            {"op": "reduce", "root": 1, "reduce_op": "SUM"},
+            {"op": "gather", "root": 1},
+            "rank 0 reduce(float32[4], dst=1), rank 1 gather(float32[4], dst=1)",
+        ),
+        (
+            {"op": "all_to_all_single", "payload": "float32[3]"},
+            {"op": "all_to_all_single", "payload": "int64[3]"},
+            "rank 0 all_to_all_single(float32[3]), rank 1 all_to_all_single(int64[3])",
+        ),
+        (
+            {"op": "barrier", "payload": None},
+            {"op": "all_gather_object", "payload": "object"},
+            "rank 0 barrier(), rank 1 all_gather_object(object)",
+        ),
+    ],
+    ids=["shape", "dtype", "reduce-op", "root", "op", "uneven-op-dtype", "object"],
+)
+def test_mismatch_kinds(rank0: dict, rank1: dict, text: str) -> None:
+    (found,) = mismatched(rank0, rank1).collective_mismatches()
+    assert str(found) == f"collective #3 on the default group: {text}"
+
+
+@pytest.mark.parametrize(
+    ("op", "payload0", "payload1"),
+    [
+        ("all_to_all_single", "float32[3]", "float32[5]"),
+        ("all_to_all_single", "float32[3,2]", "float32[7,2]"),
+        ("all_to_all", "[float32[1], float32[3]]", "[float32[2] x2]"),
+        ("all_gather", "float32[2]", "float32[5]"),
+        ("reduce_scatter", "float32[2]", "float32[3]"),
+    ],
+)
+def test_uneven_splits_are_not_a_mismatch(op: str, payload0: str, payload1: str) -> None:
+    tl = mismatched({"op": op, "payload": payload0}, {"op": op, "payload": payload1})
+    assert tl.collective_mismatches() == []
+    tl.assert_collectives_match()
+    # and the collective still synchronises
+    assert tl.instances[("c", "default", 3)].edges()
+
+
+def test_only_the_first_mismatch_per_group_is_reported_and_groups_are_separate() -> None:
+    sim = Sim(3)
+    for op0, op1 in [("all_reduce", "all_reduce"), ("all_reduce", "barrier"), ("barrier", "all_reduce")]:
+        a = sim.cstart(0, op0)
+        b = sim.cstart(1, op1)
+        c = sim.cstart(2, op0)
+        for h in (a, b, c):
+            sim.cend(h)
+    a = sim.cstart(0, "broadcast", group="5", ranks=[0, 2], root=0)
+    b = sim.cstart(2, "broadcast", group="5", ranks=[0, 2], root=2)
+    sim.cend(a)
+    sim.cend(b)
+    found = sim.timeline().collective_mismatches()
+    assert [str(m) for m in found] == [
+        "collective #1 on group 5 (ranks 0,2): rank 0 broadcast(float32[4], src=0),"
+        " rank 2 broadcast(float32[4], src=2)",
+        "collective #2 on the default group: rank 0 all_reduce(float32[4]), rank 1 barrier(),"
+        " rank 2 all_reduce(float32[4])",
+    ]
+
+
+def test_a_member_that_never_entered_a_mismatched_collective_is_named() -> None:
+    sim = Sim(3)
+    a = sim.cstart(0, "all_reduce", reduce_op="SUM")
+    b = sim.cstart(1, "barrier", payload=None)
+    sim.cend(a)
+    sim.cend(b)
+    (found,) = sim.timeline().collective_mismatches()
+    assert str(found) == (
+        "collective #1 on the default group: rank 0 all_reduce(float32[4]), rank 1 barrier(), rank 2 never entered it"
+    )
+
+
+def test_no_mismatch_when_all_match() -> None:
+    sim = Sim(3)
+    sim.coll("all_reduce", reduce_op="SUM")
+    sim.coll("broadcast", root=2)
+    sim.coll("barrier", payload=None)
+    sim.coll("all_reduce", [0, 1], group="g", reduce_op="MAX")
+    hs = [sim.cstart(r, "barrier", payload=None) for r in (0, 1)]  # incomplete is a hang, not a mismatch
+    for h in hs:
+        sim.cend(h)
+    tl = sim.timeline()
+    assert tl.collective_mismatches() == []
+    tl.assert_collectives_match()

@@ -1,0 +1,133 @@
+"""The crash-safe event file: what a killed rank wrote is still there."""
+
+from __future__ import annotations
+
+import marshal
+import os
+import signal
+import struct
+from pathlib import Path
+
+import pytest
+
+from pytest_ddphooks.recorder import Recorder, Timeline, events
+from pytest_ddphooks.recorder.events import EventFile, read_raw, to_events, to_events_and_threads
+
+
+def record(i: int, size: int = 0) -> events.RawEvent:
+    return (i, 1_000 + i, 0, events.MARK, events.POINT, f"m{i}", {"i": i, "pad": "x" * size} if size else None)
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack("<I", len(payload)) + payload
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize(("count", "size"), [(1000, 0), (3000, 1000)], ids=["small", "beyond-1MiB"])
+def test_records_survive_sigkill_without_close(tmp_path: Path, count: int, size: int) -> None:
+    path = tmp_path / "events"
+    pid = os.fork()
+    if pid == 0:  # child: write, then die without closing or flushing anything
+        try:
+            f = EventFile(path)
+            for i in range(count):
+                f.write(record(i, size))
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    got = list(read_raw(path))
+    assert len(got) == count
+    assert got == [record(i, size) for i in range(count)]
+    if size:
+        assert path.stat().st_size > 1 << 20
+
+
+def test_growth_beyond_one_mib_in_process(tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    f = EventFile(path)
+    big = (1, 2, 0, events.MARK, events.POINT, "big", {"blob": "y" * (3 << 20)})  # one record over 3 MiB
+    f.write(record(0))
+    f.write(big)
+    f.write(record(2))
+    assert list(read_raw(path)) == [record(0), big, record(2)]
+    f.close()
+    f.close()  # twice is harmless
+    assert os.path.getsize(path) % (1 << 20) == 0
+    assert list(read_raw(path)) == [record(0), big, record(2)]
+
+
+def written(tmp_path: Path, n: int = 5) -> tuple[Path, int]:
+    """A closed file of n records; returns it and the offset where record n-1 starts."""
+    path = tmp_path / "events"
+    f = EventFile(path)
+    for i in range(n):
+        f.write(record(i))
+    f.close()
+    last = sum(4 + len(marshal.dumps(record(i))) for i in range(n - 1))
+    return path, last
+
+
+def test_a_torn_tail_is_ignored(tmp_path: Path) -> None:
+    path, last = written(tmp_path)
+    with open(path, "r+b") as f:
+        f.truncate(last + 4 + 3)  # the last record lost most of its payload
+    assert list(read_raw(path)) == [record(i) for i in range(4)]
+    with open(path, "r+b") as f:
+        f.truncate(last + 2)  # even its length is half gone
+    assert list(read_raw(path)) == [record(i) for i in range(4)]
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        frame(b"\xff\xfe garbage"),  # not marshal
+        struct.pack("<I", 1 << 30) + b"abc",  # a length past the end
+        frame(marshal.dumps(42)),  # marshal, but not a record
+        frame(marshal.dumps((1, 2, 3))),
+        frame(marshal.dumps(("a", 2, 0, "mark", "point", "x", None))),
+    ],
+    ids=["garbage", "long-length", "int", "short-tuple", "bad-types"],
+)
+def test_a_corrupt_tail_is_ignored(tmp_path: Path, tail: bytes) -> None:
+    path, last = written(tmp_path)
+    with open(path, "r+b") as f:
+        f.seek(last)
+        f.write(tail)
+    assert list(read_raw(path)) == [record(i) for i in range(4)]
+
+
+def test_a_missing_file_reads_as_empty(tmp_path: Path) -> None:
+    assert list(read_raw(tmp_path / "nothing")) == []
+
+
+def test_a_recorder_file_holds_what_the_recorder_holds(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.events"
+
+    class Hooks:
+        def step(self) -> None:
+            pass
+
+    rec = Recorder(0, 1, event_file=path)
+    h = rec.instrument(Hooks(), "step")
+    h.step()
+    rec.mark("done", epoch=1)
+    raw = list(read_raw(path))  # readable before close, as the orchestrator reads a hung rank
+    assert raw == rec._raw
+    rec.close()
+    assert list(read_raw(path)) == raw
+    evs, lanes, idents = to_events_and_threads(0, raw)
+    assert [e.name for e in evs] == ["step", "step", "done"]
+    assert lanes == {0: rec_main_name()}
+    assert set(idents) == {0}
+    assert to_events(0, raw)[0] == evs
+    tl = Timeline.from_raw({0: raw})
+    tl.assert_order(["step", "done"])
+    assert [e.index for e in tl.for_rank(0)] == [0, 1, 2]
+
+
+def rec_main_name() -> str:
+    import threading
+
+    return threading.main_thread().name

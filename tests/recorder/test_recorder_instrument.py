@@ -1,0 +1,340 @@
+"""Recorder.instrument and friends: what is wrapped, what is recorded, what close() undoes."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+
+import pytest
+
+from pytest_ddphooks.recorder import Recorder, core, events
+
+
+class Base:
+    def inherited(self) -> str:
+        return "base"
+
+
+class Hooks(Base):
+    label = "hooks"
+
+    def on_start(self, x: int) -> int:
+        return x + 1
+
+    def on_end(self, *, y: int = 0) -> int:
+        return y
+
+    @staticmethod
+    def helper(x: int) -> int:
+        return x * 2
+
+    @classmethod
+    def build(cls, n: int) -> tuple[str, int]:
+        return cls.__name__, n
+
+    def fails(self) -> None:
+        raise KeyError("boom")
+
+    async def on_async(self, x: int) -> int:
+        await asyncio.sleep(0)
+        return x
+
+    async def async_fails(self) -> None:
+        await asyncio.sleep(0)
+        raise ValueError("async boom")
+
+    @property
+    def prop(self) -> int:
+        return 1
+
+    def _private(self) -> None:
+        pass
+
+
+def names(rec: Recorder) -> list[tuple[str, str]]:
+    return [(e.name, e.phase) for e in rec.events if e.kind == events.CALL]
+
+
+def test_instrument_a_class_affects_every_instance() -> None:
+    rec = Recorder(0, 1)
+    try:
+        rec.instrument(Hooks, "on_start")
+        a, b = Hooks(), Hooks()
+        assert a.on_start(1) == 2
+        assert b.on_start(2) == 3
+        assert names(rec) == [("on_start", "start"), ("on_start", "end")] * 2
+        start = rec.events[0]
+        assert start.info == {"qualname": "Hooks.on_start"}
+        assert rec.events[1].info == {}
+        assert start.lane == 0
+    finally:
+        rec.close()
+    assert Hooks.on_start is vars(Hooks)["on_start"]
+    assert Hooks().on_start(1) == 2
+    assert names(rec) == [("on_start", "start"), ("on_start", "end")] * 2  # no more
+
+
+def test_instrument_an_instance_affects_only_it() -> None:
+    rec = Recorder(0, 1)
+    a, b = Hooks(), Hooks()
+    try:
+        assert rec.instrument(a, "on_start", "on_end") is a
+        assert a.on_start(1) == 2
+        assert a.on_end(y=5) == 5
+        assert b.on_start(1) == 2
+        assert names(rec) == [("on_start", "start"), ("on_start", "end"), ("on_end", "start"), ("on_end", "end")]
+    finally:
+        rec.close()
+    assert "on_start" not in vars(a)
+    assert a.on_start(1) == 2
+    assert len(names(rec)) == 4
+
+
+def test_an_instance_attribute_of_its_own_is_put_back() -> None:
+    a = Hooks()
+    own = lambda: "own"  # noqa: E731
+    a.on_start = own  # type: ignore[method-assign]
+    rec = Recorder(0, 1)
+    rec.instrument(a, "on_start")
+    assert a.on_start() == "own"
+    rec.close()
+    assert a.on_start is own
+
+
+def test_static_and_class_methods_on_the_class_and_on_an_instance() -> None:
+    rec = Recorder(0, 1)
+    try:
+        rec.instrument(Hooks, "helper", "build")
+        assert isinstance(vars(Hooks)["helper"], staticmethod)
+        assert isinstance(vars(Hooks)["build"], classmethod)
+        assert Hooks.helper(2) == 4
+        assert Hooks().helper(3) == 6
+        assert Hooks.build(1) == ("Hooks", 1)
+
+        class Sub(Hooks):
+            pass
+
+        assert Sub().build(2) == ("Sub", 2)
+        assert [n for n, p in names(rec) if p == "start"] == ["helper", "helper", "build", "build"]
+    finally:
+        rec.close()
+    assert isinstance(vars(Hooks)["helper"], staticmethod)
+    assert isinstance(vars(Hooks)["build"], classmethod)
+    assert not hasattr(vars(Hooks)["helper"].__func__, "__wrapped__")
+
+    obj = Hooks()
+    rec = Recorder(0, 1)
+    try:
+        rec.instrument(obj, "helper", "build")
+        assert obj.helper(5) == 10
+        assert obj.build(3) == ("Hooks", 3)
+        assert [n for n, p in names(rec) if p == "start"] == ["helper", "build"]
+    finally:
+        rec.close()
+    assert vars(obj) == {}
+
+
+def test_default_names_are_the_public_methods_the_class_itself_defines() -> None:
+    rec = Recorder(0, 1)
+    try:
+        rec.instrument(Hooks)
+        wrapped = {n for n, v in vars(Hooks).items() if hasattr(getattr(v, "__func__", v), "__wrapped__")}
+        assert wrapped == {"on_start", "on_end", "helper", "build", "fails", "on_async", "async_fails"}
+        h = Hooks()
+        assert h.inherited() == "base"
+        assert h.prop == 1
+        h._private()
+        assert names(rec) == []
+    finally:
+        rec.close()
+
+
+def test_a_class_without_public_methods_is_refused() -> None:
+    class Empty:
+        def _hidden(self) -> None:
+            pass
+
+    with pytest.raises(ValueError, match="defines no public method"):
+        Recorder(0, 1).instrument(Empty)
+
+
+def test_prefix_names_the_events() -> None:
+    rec = Recorder(0, 1)
+    h = Hooks()
+    try:
+        rec.instrument(h, "on_start", prefix="model")
+        h.on_start(0)
+    finally:
+        rec.close()
+    assert names(rec) == [("model.on_start", "start"), ("model.on_start", "end")]
+
+
+def test_an_exception_is_recorded_on_the_end_event_and_raised() -> None:
+    rec = Recorder(0, 1)
+    try:
+        rec.instrument(Hooks, "fails")
+        with pytest.raises(KeyError, match="boom"):
+            Hooks().fails()
+    finally:
+        rec.close()
+    start, end = [e for e in rec.events if e.kind == events.CALL]
+    assert end.phase == events.END and end.call_id == start.call_id
+    assert end.info == {"error": "KeyError: 'boom'"}
+    span = rec.timeline().spans("fails")[0]
+    assert span.end == end
+
+
+def test_a_long_error_is_shortened() -> None:
+    class Loud:
+        def shout(self) -> None:
+            raise RuntimeError("x" * 1000)
+
+    rec = Recorder(0, 1)
+    obj = rec.instrument(Loud())
+    with pytest.raises(RuntimeError):
+        obj.shout()
+    rec.close()
+    text = rec.events[-1].info["error"]
+    assert len(text) == 300 and text.endswith("...")
+
+
+def test_coroutine_methods_are_recorded_around_their_body() -> None:
+    rec = Recorder(0, 1)
+    try:
+        rec.instrument(Hooks, "on_async", "async_fails")
+        assert inspect.iscoroutinefunction(Hooks.on_async)
+        h = Hooks()
+
+        async def main() -> int:
+            coro = h.on_async(7)
+            rec.mark("created")
+            result = await coro
+            with pytest.raises(ValueError):
+                await h.async_fails()
+            return result
+
+        assert asyncio.run(main()) == 7
+    finally:
+        rec.close()
+    seen = [(e.name, e.phase) for e in rec.events if e.kind in (events.CALL, events.MARK)]
+    assert seen == [
+        ("created", "point"),
+        ("on_async", "start"),
+        ("on_async", "end"),
+        ("async_fails", "start"),
+        ("async_fails", "end"),
+    ]
+    assert rec.events[-1].info == {"error": "ValueError: async boom"}
+
+
+def test_what_cannot_be_instrumented() -> None:
+    rec = Recorder(0, 1)
+    with pytest.raises(AttributeError, match=r"cannot instrument Hooks\.missing: no such attribute"):
+        rec.instrument(Hooks, "missing")
+    with pytest.raises(TypeError, match="it is not a method"):
+        rec.instrument(Hooks, "label")
+
+    class Slotted:
+        __slots__ = ()
+
+        def run(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="instrument its class instead"):
+        rec.instrument(Slotted(), "run")
+    rec.close()
+
+
+def test_instrumenting_twice_records_twice_and_close_undoes_both() -> None:
+    original = vars(Hooks)["on_start"]
+    rec = Recorder(0, 1)
+    rec.instrument(Hooks, "on_start")
+    rec.instrument(Hooks, "on_start", prefix="again")
+    Hooks().on_start(1)
+    rec.close()
+    assert [n for n, p in names(rec) if p == "start"] == ["again.on_start", "on_start"]
+    assert vars(Hooks)["on_start"] is original
+
+
+def test_inherited_methods_instrumented_on_a_subclass_are_removed_again() -> None:
+    class Child(Hooks):
+        pass
+
+    rec = Recorder(0, 1)
+    rec.instrument(Child, "on_start", "inherited")
+    assert Child().inherited() == "base"
+    assert Hooks().inherited() == "base"
+    rec.close()
+    assert "on_start" not in vars(Child) and "inherited" not in vars(Child)
+    assert [n for n, p in names(rec) if p == "start"] == ["inherited"]
+
+
+def test_threads_get_their_own_lanes_and_names() -> None:
+    rec = Recorder(0, 1)
+    h = rec.instrument(Hooks(), "on_start")
+    h.on_start(0)
+    t = threading.Thread(target=h.on_start, args=(1,), name="loader")
+    t.start()
+    t.join()
+    rec.close()
+    lanes = {e.lane for e in rec.events}
+    assert lanes == {0, 1}
+    tl = rec.timeline()
+    assert tl.lanes[(0, 1)] == "loader"
+    assert tl.lanes[(0, 0)] == threading.main_thread().name
+
+
+def test_marks_keep_their_details() -> None:
+    rec = Recorder(0, 1)
+    rec.mark("epoch", n=3, where=("a", 1), obj=object)
+    rec.close()
+    (e,) = rec.events
+    assert (e.kind, e.phase, e.name) == (events.MARK, events.POINT, "epoch")
+    assert e.info["n"] == 3 and e.info["where"] == ["a", 1] and e.info["obj"] == repr(object)
+
+
+def test_recorders_closed_out_of_order_leave_the_right_one_current() -> None:
+    assert core.current() is None
+    a = Recorder(0, 1).activate()
+    b = Recorder(0, 1).activate()
+    assert core.current() is b
+    a.close()
+    assert core.current() is b  # b keeps recording
+    c = Recorder(0, 1).activate()
+    c.close()
+    assert core.current() is b
+    b.close()
+    assert core.current() is None  # not a, which was closed already
+    with Recorder(0, 1) as d:
+        assert core.current() is d
+        d.activate()  # twice is harmless
+    assert core.current() is None
+
+
+def test_rank_and_world_size_default_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    rec = Recorder()
+    assert (rec.rank, rec.world_size) == (3, 4)
+    rec.mark("x")
+    assert rec.timeline().ranks == [3]
+    rec.close()
+
+
+def test_timeline_through_an_exchange() -> None:
+    import marshal
+
+    other = Recorder(1, 2)
+    other.mark("from_one")
+
+    def exchange(blob: bytes) -> list[bytes]:
+        return [blob, marshal.dumps(other._raw)]
+
+    rec = Recorder(0, 2, exchange=exchange)
+    rec.mark("from_zero")
+    tl = rec.timeline()
+    assert tl.ranks == [0, 1]
+    assert [e.name for e in tl.for_rank(1)] == ["from_one"]
+    rec.close()
+    other.close()

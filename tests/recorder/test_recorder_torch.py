@@ -1,0 +1,203 @@
+"""Real torch.distributed calls recorded in one process, on a world-size-1 gloo group."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ddphooks.recorder import Recorder, core, distpatch, events
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[None]:
+    """A world-size-1 gloo group, always destroyed (the leak guard fails a test leaving one)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def calls(rec: Recorder, phase: str = events.START) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (e.name, dict(e.info))
+        for e in rec.events
+        if e.kind in (events.COLLECTIVE, events.P2P, events.GROUP) and e.phase == phase
+    ]
+
+
+def test_torch_distributed_is_patched() -> None:
+    assert distpatch.installed()
+    assert hasattr(dist.barrier, "__ddphooks_original__")
+    assert dist.barrier is dist.distributed_c10d.barrier
+
+
+def record_calls(tmp_path: Path) -> tuple[Recorder, list[Any]]:
+    """Run the calls; the group objects die with this frame, so a failing assertion in the
+    test cannot keep gloo's sockets open (which the leak guard would report too)."""
+    with Recorder(rank=0, world_size=1) as rec:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+        try:
+            t = torch.ones(4)
+            dist.barrier()
+            dist.all_reduce(t)
+            dist.broadcast(t, src=0)
+            objects: list[Any] = [{"a": 1}, torch.ones(2)]
+            dist.broadcast_object_list(objects)  # src defaults to 0; broadcasts twice inside
+            gathered: list[Any] = [None]
+            dist.all_gather_object(gathered, {"rank": 0})
+            sub = dist.new_group([0])
+            dist.all_reduce(torch.ones(2, 3, dtype=torch.float64), op=dist.ReduceOp.MAX, group=sub)
+            dist.broadcast(t, group_src=0, group=sub)
+            work = dist.all_reduce(t, async_op=True)
+            work.wait()
+            del sub, work
+        finally:
+            dist.destroy_process_group()
+    return rec, gathered
+
+
+def test_collectives_are_recorded_with_their_arguments(tmp_path: Path) -> None:
+    rec, gathered = record_calls(tmp_path)
+    started = calls(rec)
+    assert [name for name, _ in started] == [
+        "dist.init_process_group",
+        "dist.barrier",
+        "dist.all_reduce",
+        "dist.broadcast",
+        "dist.broadcast_object_list",
+        "dist.all_gather_object",
+        "dist.new_group",
+        "dist.all_reduce",
+        "dist.broadcast",
+        "dist.all_reduce",
+        "dist.destroy_process_group",
+    ]
+    info = [i for _, i in started]
+    assert info[0] == {"op": "init_process_group", "group_existed": False, "backend": "gloo"}
+    common = {"group_existed": True, "group": "default", "group_size": 1}
+    assert info[1] == {"op": "barrier", **common, "seq": 1}
+    assert info[2] == {"op": "all_reduce", **common, "seq": 2, "payload": "float32[4]", "reduce_op": "SUM"}
+    assert info[3] == {"op": "broadcast", **common, "seq": 3, "payload": "float32[4]", "root": 0}
+    assert info[4] == {"op": "broadcast_object_list", **common, "seq": 4, "payload": "objects x2", "root": 0}
+    assert info[5] == {"op": "all_gather_object", **common, "seq": 5, "payload": "object"}
+    assert info[6] == {"op": "new_group", "group_existed": True, "ranks": [0]}
+    sub_name = calls(rec, events.END)[6][1]["group"]
+    assert info[7] == {
+        "op": "all_reduce",
+        "group_existed": True,
+        "group": sub_name,
+        "ranks": [0],
+        "seq": 1,
+        "payload": "float64[2,3]",
+        "reduce_op": "MAX",
+    }
+    assert info[8]["group"] == sub_name and info[8]["seq"] == 2 and info[8]["root"] == 0
+    assert info[9] == {
+        "op": "all_reduce",
+        **common,
+        "async": True,
+        "seq": 6,
+        "payload": "float32[4]",
+        "reduce_op": "SUM",
+    }
+    assert info[10]["op"] == "destroy_process_group"
+    ended = calls(rec, events.END)
+    assert ended[0][1] == {"rank": 0, "world_size": 1}
+    assert ended[9][1] == {"async": True}
+    # the objects arrived intact, and the nested broadcasts were not recorded
+    assert gathered == [{"rank": 0}]
+    assert sum(1 for name, _ in started if name == "dist.broadcast") == 2
+    # the merged timeline agrees with itself
+    tl = rec.timeline()
+    assert tl.collective_mismatches() == []
+    assert {k for k in tl.instances if k[0] == "c"} == {("c", "default", s) for s in range(1, 7)} | {
+        ("c", sub_name, 1),
+        ("c", sub_name, 2),
+    }
+    assert all(inst.complete and inst.consistent for inst in tl.instances.values())
+
+
+def test_a_reduce_op_object_is_named_like_the_enum(group: None) -> None:
+    with Recorder(0, 1) as rec:
+        dist.all_reduce(torch.ones(1), op=dist.ReduceOp(dist.ReduceOp.MIN))
+    assert calls(rec)[0][1]["reduce_op"] == "MIN"
+
+
+def test_uneven_all_to_all_single_is_described_by_its_input(group: None) -> None:
+    with Recorder(0, 1) as rec:
+        dist.all_to_all_single(torch.zeros(3), torch.ones(3))
+    assert calls(rec)[0][1]["payload"] == "float32[3]"
+
+
+def test_a_collective_without_a_group_is_recorded_as_not_effective() -> None:
+    assert not dist.is_initialized()
+    with Recorder(0, 1) as rec, pytest.raises((ValueError, RuntimeError)):
+        dist.barrier()
+    (start,) = calls(rec)
+    assert start[1] == {"op": "barrier", "group_existed": False, "effective": False}
+    (end,) = calls(rec, events.END)
+    assert "error" in end[1]
+    assert rec.issued_on_this_thread() == 0
+
+
+def test_nothing_is_recorded_outside_a_recorder(group: None) -> None:
+    rec = Recorder(0, 1)
+    dist.barrier()
+    with rec:
+        dist.barrier()
+    dist.barrier()
+    assert [i["seq"] for _, i in calls(rec)] == [1]
+    assert core.current() is None
+
+
+def test_a_call_the_recorder_cannot_describe_still_runs(group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(value: Any) -> str:
+        raise RuntimeError("cannot describe")
+
+    monkeypatch.setattr(distpatch, "describe_tensor", broken)
+    t = torch.ones(2)
+    with Recorder(0, 1) as rec:
+        dist.all_reduce(t)
+    assert t.tolist() == [1.0, 1.0]
+    assert calls(rec)[0][1] == {"op": "all_reduce", "recorder_error": "RuntimeError: cannot describe"}
+
+
+def test_instrument_barrier_counts_collectives_and_knows_if_a_group_existed(tmp_path: Path) -> None:
+    class Trainer:
+        def real_barrier(self) -> None:
+            dist.barrier()
+
+        def fake_barrier(self) -> None:
+            pass
+
+    trainer = Trainer()
+    with Recorder(0, 1) as rec:
+        rec.instrument_barrier(trainer, "real_barrier")
+        rec.instrument_barrier(trainer, "fake_barrier", as_name="sync")
+        trainer.fake_barrier()  # no group yet
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+        try:
+            trainer.real_barrier()
+            trainer.fake_barrier()
+        finally:
+            dist.destroy_process_group()
+    spans = [s for s in rec.timeline().spans() if s.kind == events.BARRIER]
+    assert [(s.name, s.start.info["group_existed"], s.end.info["collectives"]) for s in spans] == [
+        ("sync", False, 0),
+        ("real_barrier", True, 1),
+        ("sync", True, 0),
+    ]
+    assert spans[0].start.info["qualname"].endswith("Trainer.fake_barrier")
+    reasons = [nb.reason for nb in rec.timeline().noop_barriers()]
+    assert reasons == [
+        "issued no collective: no process group existed",
+        "issued no collective: the process group existed but no collective was called",
+    ]

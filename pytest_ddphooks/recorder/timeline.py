@@ -17,6 +17,9 @@ class TimelineAssertionError(AssertionError):
     """A Timeline assertion failed; the message explains it and draws the swimlanes."""
 
 
+TimelineAssertionError.__module__ = "pytest_ddphooks"  # how reports name it: where users import it
+
+
 @dataclass(frozen=True)
 class Span:
     """One call, barrier, collective or mark: its start and its end (None if it never ended)."""
@@ -170,6 +173,7 @@ class Timeline:
         ``"name"`` means the event on every rank where it occurs, ``"name@0"`` on rank 0,
         ``"name@0,2"`` on ranks 0 and 2.
         """
+        __tracebackhide__ = True
         name_a, ranks_a, first = self._select(a)
         name_b, ranks_b, then = self._select(b)
         if not first:
@@ -260,6 +264,7 @@ class Timeline:
 
     def assert_order(self, names: Sequence[str], rank: int | None = None) -> None:
         """The names occur in this order (as a subsequence) on ``rank``, or on every rank."""
+        __tracebackhide__ = True
         if isinstance(names, str):
             names = [names]
         ranks = self.ranks if rank is None else [rank]
@@ -289,6 +294,7 @@ class Timeline:
 
         With explicit ranks (``"name@0,2"``) it must occur exactly once on each of them.
         """
+        __tracebackhide__ = True
         base, ranks, found = self._select(name)
         if not found:
             self._fail(f"{name!r} was never called on {_where(ranks)}")
@@ -319,6 +325,7 @@ class Timeline:
         return out
 
     def assert_no_noop_barriers(self) -> None:
+        __tracebackhide__ = True
         found = self.noop_barriers()
         if found:
             self._fail("\n".join(str(nb) for nb in found))
@@ -342,6 +349,7 @@ class Timeline:
         return out
 
     def assert_collectives_match(self) -> None:
+        __tracebackhide__ = True
         found = self.collective_mismatches()
         if found:
             self._fail("\n".join(str(m) for m in found))
@@ -359,6 +367,7 @@ class Timeline:
         return write_chrome_trace(self, path)
 
     def _fail(self, message: str) -> None:
+        __tracebackhide__ = True
         raise TimelineAssertionError(message + "\n\n" + self.swimlanes(max_rows=60))
 
 

@@ -31,6 +31,8 @@ KINDS = ("group", "process", "thread", "socket", "env")
 DEFAULT_ALLOW = (
     "thread:pytest_timeout *",
     "thread:ddphooks*",
+    # multiprocessing's own feeder of a Queue: it ends when the queue is collected
+    "thread:QueueFeederThread",
     "process:*multiprocessing.resource_tracker*",
     "process:*multiprocessing.forkserver*",
     "process:*torch._inductor.compile_worker*",

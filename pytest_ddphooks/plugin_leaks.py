@@ -37,7 +37,7 @@ class _Pending:
     """Things a wider-scoped fixture made during a test's setup, checked when it ends."""
 
     nodes: list[pytest.Node]
-    fixtures: list[str]
+    owner: str  # what made it: "fixture 'server' (module scope)", "unittest class TestX"
     test: str
     before: Snapshot
     leaks: list[Leak]
@@ -125,9 +125,16 @@ class LeakHooks:
             if owned:
                 fixtures = item.stash[SCOPED_KEY]
                 nodes = [self._scope_node(item, fd.scope) for fd in fixtures]
-                names = [f"{fd.argname!r} ({fd.scope} scope)" for fd in fixtures]
-                self.pending.append(_Pending(nodes, names, item.nodeid, before, owned))
+                owner = "fixture " + ", ".join(f"{fd.argname!r} ({fd.scope} scope)" for fd in fixtures)
+                self.pending.append(_Pending(nodes, owner, item.nodeid, before, owned))
                 leaks = [lk for lk in leaks if not any(_same(lk, o) for o in owned)]
+        if leaks and type(item).__name__ == "TestCaseFunction" and item.parent is not None:
+            # a unittest class keeps what setUp/setUpClass made for all its tests (torch's
+            # MultiProcContinuousTest spawns its workers in the first setUp): judged when the
+            # class ends, after tearDownClass
+            owner = f"unittest class {item.parent.name}"
+            self.pending.append(_Pending([item.parent], owner, item.nodeid, before, leaks))
+            leaks = []
         ended = self._ended_scopes(item)
         self._report(item, rank_leaks + leaks, ended, before)
 
@@ -172,7 +179,7 @@ class LeakHooks:
                 continue
             problems.extend(self.guard.clean(still, entry.before))
             scoped_lines.append(
-                f"fixture {', '.join(entry.fixtures)}, set up for {entry.test},"
+                f"{entry.owner}, set up for {entry.test},"
                 " left behind when its scope ended (cleaned up):"
             )
             scoped_lines.extend(f"  {lk}" for lk in still)
@@ -199,7 +206,7 @@ class LeakHooks:
             if still:
                 self.guard.clean(still, entry.before)
                 self.session_report.append(
-                    f"fixture {', '.join(entry.fixtures)}, set up for {entry.test},"
+                    f"{entry.owner}, set up for {entry.test},"
                     " left behind at the end of the session (cleaned up):"
                 )
                 self.session_report.extend(f"  {lk}" for lk in still)

@@ -334,3 +334,55 @@ def test_group_a_rank_keeps_alive_is_not_a_leak(pytester) -> None:
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_unittest_class_resources_are_judged_when_the_class_ends(pytester) -> None:
+    pytester.makepyfile(
+        test_unit="""
+        import subprocess
+        import unittest
+
+        class TestPool(unittest.TestCase):
+            # like torch's MultiProcContinuousTest: workers start lazily, live for the class
+            workers = []
+
+            def setUp(self):
+                if not self.workers:
+                    self.workers.append(subprocess.Popen(["sleep", "300"]))
+
+            @classmethod
+            def tearDownClass(cls):
+                for w in cls.workers:
+                    w.kill()
+                    w.wait()
+
+            def test_a(self):
+                pass
+
+            def test_b(self):
+                pass
+
+        class TestSloppy(unittest.TestCase):
+            workers = []
+
+            def setUp(self):
+                if not self.workers:
+                    self.workers.append(subprocess.Popen(["sleep", "301"]))
+
+            def test_a(self):
+                pass
+
+            def test_b(self):
+                pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of TestSloppy.test_b*",
+            "unittest class TestSloppy, set up for test_unit.py::TestSloppy::test_a,"
+            " left behind when its scope ended (cleaned up):",
+            "  process * is still running: sleep 301",
+        ]
+    )

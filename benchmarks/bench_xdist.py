@@ -44,6 +44,11 @@ def test_plain(i):
 def main() -> None:
     p = parser(__doc__.splitlines()[0], repeats=2)
     p.add_argument("--stress", type=int, default=None, help="multirank tests in the stress session (default 500)")
+    p.add_argument(
+        "--stress-only",
+        action="store_true",
+        help="run only the stress session and exit non-zero on any rendezvous failure (what CI runs)",
+    )
     args = p.parse_args()
     repeats = repeats_of(args)
     stress_n = args.stress or (40 if args.quick else 500)
@@ -60,6 +65,13 @@ def main() -> None:
         suite.run_ok("-n", "2", "mixed/test_multirank.py::test_multirank[0]", "mixed/test_plain.py", expect=1 + mixed_n)
         progress(f"stress: {stress_n} multirank tests under -n 2")
         stress = suite.run("-n", "2", "stress")
+        if args.stress_only:
+            bad = stress.bad + (stress_n - len(stress.cases))
+            wall = stress.wall
+            print(f"xdist stress: {stress_n} multirank tests under -n 2, {bad} rendezvous failures, {wall:.1f} s")
+            if bad:
+                print(stress.tail())
+            raise SystemExit(1 if bad else 0)
         for r, w in interleaved(repeats, ["1", "2"]):
             progress(f"round {r + 1}/{repeats}: mixed suite, -n {w}")
             walls[w].append(suite.run_ok("-n", w, "mixed", expect=2 * mixed_n).wall)

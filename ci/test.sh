@@ -10,4 +10,7 @@ status=$?
 set -e
 # "no tests collected" (5) is not a failure of the suite
 if [ "$status" -eq 5 ]; then status=0; fi
-exit "$status"
+if [ "$status" -ne 0 ]; then exit "$status"; fi
+# scale-out runs: the suite under torchrun as 2 nodes x 2 ranks, and an xdist stress run
+bash ci/torchrun_two_nodes.sh
+bash ci/xdist_stress.sh

@@ -6,6 +6,7 @@ Everything that is not about pytest lives in the core (``launch``, ``hangs``, ``
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import pickle
@@ -133,6 +134,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         " JSON (ini ddp_trace_dir).",
     )
     parser.addini("ddp_trace_dir", "folder for Chrome traces of failed multirank tests", default="")
+    parser.addini(
+        "ddp_preload",
+        "modules the warm launcher imports before it forks ranks, one per line (torch and"
+        " torch.distributed always): what every rank would otherwise import anew, e.g. torch._dynamo",
+        type="linelist",
+        default=[],
+    )
     group.addoption(
         "--ddp-spmd",
         dest="ddp_spmd",
@@ -347,6 +355,13 @@ class DdpHooks:
         if self.launcher is not None:
             return
         rankbody.register_items(session.items)
+        for name in self.config.getini("ddp_preload"):
+            # imported here, before the fork: the launcher and every rank have it already
+            try:
+                importlib.import_module(name)
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                raise pytest.UsageError(f"ini ddp_preload: cannot import {name!r}: {why}") from None
         self.launcher = Launcher(
             lambda job: lambda ctx: rankbody.run_in_rank(job, ctx),
             log_path=os.path.join(self.folder(), "launcher.log"),

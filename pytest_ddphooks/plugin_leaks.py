@@ -179,8 +179,7 @@ class LeakHooks:
                 continue
             problems.extend(self.guard.clean(still, entry.before))
             scoped_lines.append(
-                f"{entry.owner}, set up for {entry.test},"
-                " left behind when its scope ended (cleaned up):"
+                f"{entry.owner}, set up for {entry.test}, left behind when its scope ended (cleaned up):"
             )
             scoped_lines.extend(f"  {lk}" for lk in still)
         if not (own or scoped_lines):
@@ -206,8 +205,7 @@ class LeakHooks:
             if still:
                 self.guard.clean(still, entry.before)
                 self.session_report.append(
-                    f"{entry.owner}, set up for {entry.test},"
-                    " left behind at the end of the session (cleaned up):"
+                    f"{entry.owner}, set up for {entry.test}, left behind at the end of the session (cleaned up):"
                 )
                 self.session_report.extend(f"  {lk}" for lk in still)
         self.pending.clear()

@@ -345,3 +345,34 @@ def test_plain_tests_are_untouched(inner) -> None:
         """
     )
     ran.result.assert_outcomes(passed=1)
+
+
+def test_preloaded_modules_are_in_the_ranks_already(inner, pytester) -> None:
+    pytester.makeini("[pytest]\nddp_preload =\n    json.tool\n")
+    ran = inner(
+        """
+        import sys
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_there(rank):
+            assert "json.tool" in sys.modules
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_a_preload_that_cannot_be_imported_is_a_usage_error(pytester) -> None:
+    pytester.makeini("[pytest]\nddp_preload =\n    no_such_module_anywhere\n")
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_x(rank):
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini ddp_preload: cannot import 'no_such_module_anywhere': ModuleNotFoundError*"])

@@ -176,6 +176,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not config.pluginmanager.has_plugin("ddphooks-session"):
         hooks = DdpHooks(config)
+        hooks.preload()
         config.pluginmanager.register(hooks, "ddphooks-session")
         mode = config.getoption("ddp_spmd") or config.getini("ddp_spmd")
         if mode == "on" or (mode == "auto" and spmd.launched()):
@@ -275,6 +276,17 @@ class DdpHooks:
             return item.stash[TIMEOUT_KEY] + 10.0
         return self.default_timeout()
 
+    def preload(self) -> None:
+        """Import ini ddp_preload now, in the pytest process: the launcher forked from it has
+        them, and so has every rank. (Now rather than at the fork, so that pytester's inner
+        sessions, which drop what they imported, never import them a second time.)"""
+        for name in self.config.getini("ddp_preload"):
+            try:
+                importlib.import_module(name)
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                raise pytest.UsageError(f"ini ddp_preload: cannot import {name!r}: {why}") from None
+
     def own_processes(self) -> set[int]:
         """The harness's own processes, which the leak guard never reports."""
         return {self.launcher.pid} if self.launcher is not None else set()
@@ -355,13 +367,6 @@ class DdpHooks:
         if self.launcher is not None:
             return
         rankbody.register_items(session.items)
-        for name in self.config.getini("ddp_preload"):
-            # imported here, before the fork: the launcher and every rank have it already
-            try:
-                importlib.import_module(name)
-            except Exception as exc:
-                why = f"{type(exc).__name__}: {exc}"
-                raise pytest.UsageError(f"ini ddp_preload: cannot import {name!r}: {why}") from None
         self.launcher = Launcher(
             lambda job: lambda ctx: rankbody.run_in_rank(job, ctx),
             log_path=os.path.join(self.folder(), "launcher.log"),

@@ -13,16 +13,21 @@ into every fit: the mutation tests in ``test_mutants.py`` run this very file wit
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from pytest_ddphooks import Timeline
 from reference_trainer import RegressionDataModule, RegressionModule, Trainer, instrument_trainer
 from reference_trainer.task import DATA_FILE
 
 SEEDED = tuple(sorted(filter(None, os.environ.get("REFERENCE_TRAINER_BUGS", "").split(","))))
+LIMIT = float(os.environ.get("ORDERING_TIMEOUT", "60"))  # seconds per multirank test
 LAUNCHED = ["external", "ddp", "ddp_spawn", "fsdp"]
 LAYOUTS = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)]  # (world size, nodes)
 
@@ -94,7 +99,9 @@ def _launched_cases():
     for strategy in LAUNCHED:
         for world_size, nodes in LAYOUTS:
             for per_node in (True, False):
-                mark = pytest.mark.multirank(world_size=world_size, nodes=nodes, init_process_group=False, timeout=60)
+                mark = pytest.mark.multirank(
+                    world_size=world_size, nodes=nodes, init_process_group=False, timeout=LIMIT
+                )
                 yield pytest.param(
                     strategy,
                     world_size,
@@ -113,7 +120,7 @@ def test_launched_ranks(strategy, ws, nodes, per_node, rank, recorder, shared_tm
 
 
 @pytest.mark.parametrize("strategy", ["external", "ddp", "fsdp"])
-@pytest.mark.multirank(world_size=2, timeout=60)
+@pytest.mark.multirank(world_size=2, timeout=LIMIT)
 def test_group_that_exists_already_is_used_and_left_alone(strategy, rank, recorder, shared_tmp_path) -> None:
     seed_data(shared_tmp_path, 1)
     fit_in_rank(strategy, recorder, shared_tmp_path, 1, True)
@@ -152,3 +159,30 @@ def test_self_launched_ranks(strategy, ws, nodes, per_node, tmp_path) -> None:
     result = trainer.fit(RegressionModule(), RegressionDataModule(tmp_path))
     assert result.timeline is not None and result.timeline.ranks == list(range(ws))
     check_lifecycle(result.timeline, ws, nodes, per_node, owns_group=True)
+
+
+@pytest.fixture
+def launched_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This pytest process as rank 0 of 1, as torchrun would start it: variables and a store."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    port = sock.getsockname()[1]
+    wait = timedelta(seconds=30)
+    store = [dist.TCPStore("127.0.0.1", port, 1, True, wait, wait_for_workers=False, master_listen_fd=sock.detach())]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "0"}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    yield
+    store.clear()
+
+
+def test_in_process_fit_leaves_nothing_behind(launched_here, tmp_path) -> None:
+    # the pytest process is the rank: the leak guard sees a group the trainer forgot
+    seed_data(tmp_path, 1)
+    trainer = Trainer("external", bugs=SEEDED, record=True, timeout=60.0)
+    result = trainer.fit(RegressionModule(), RegressionDataModule(tmp_path))
+    assert result.timeline is not None
+    check_lifecycle(result.timeline, 1, 1, True, owns_group=True)

@@ -1,0 +1,2 @@
+# The plugin loads through its entry point; nothing is needed here. To be explicit instead:
+#     pytest_plugins = ["pytest_ddphooks.plugin"]

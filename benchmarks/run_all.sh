@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Every benchmark in sequence (full sizes unless arguments such as --quick are given, which are
-# passed to each script), then benchmarks/results/ALL.md: the five result pages concatenated.
+# passed to each script), then benchmarks/results/ALL.md: the result pages concatenated.
 # Run it on a quiet machine: other load on the cores skews every figure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-BENCHES=(bench_multirank bench_watchdog bench_leaks bench_special bench_xdist)
+BENCHES=(bench_multirank bench_watchdog bench_leaks bench_special bench_xdist bench_recorder)
 started=$SECONDS
 for name in "${BENCHES[@]}"; do
     echo "=== $name $* ===" >&2

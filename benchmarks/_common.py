@@ -346,3 +346,4 @@ def repeats_of(args: argparse.Namespace) -> int:
     if args.repeats is not None:
         return max(1, int(args.repeats))
     return 1 if args.quick else int(args.default_repeats)
+

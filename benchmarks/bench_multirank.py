@@ -22,34 +22,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from _common import (
-    Report,
-    Suite,
-    interleaved,
-    median,
-    ms,
-    parser,
-    progress,
-    ratio,
-    repeats_of,
-    sec,
-    table,
-    verdict,
-)
-
-PLUGIN_TEST = """
-import pytest
-import torch
-import torch.distributed as dist
-
-
-@pytest.mark.multirank(world_size=2)
-@pytest.mark.parametrize("i", range({n}))
-def test_all_reduce(i):
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert t.item() == 2.0
-"""
+from _common import Report, Suite, interleaved, median, ms, parser, progress, ratio, repeats_of, sec, table, verdict
+from _suites import MULTIRANK_TEST
 
 PLUGIN_SIZES = """
 import pytest
@@ -145,7 +119,7 @@ def files(counts: list[int], size_n: int, sizes: list[int]) -> dict[str, str]:
     }
     for n in counts:
         methods = "".join(METHOD.format(i=i) for i in range(n))
-        out[f"test_plugin_{n}.py"] = PLUGIN_TEST.format(n=n)
+        out[f"test_plugin_{n}.py"] = MULTIRANK_TEST.format(n=n)
         out[f"test_mptc_{n}.py"] = MPTC_TEST.format(methods=methods)
         out[f"test_mpc_{n}.py"] = MPC_TEST.format(methods=methods)
     return out

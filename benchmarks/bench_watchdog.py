@@ -23,6 +23,7 @@ from collections import defaultdict
 from typing import Any
 
 from _common import Report, Suite, interleaved, median, ms, parser, progress, repeats_of, table, us, verdict
+from _suites import MULTIRANK_TEST
 
 HANG_TEST = """
 import pytest
@@ -34,20 +35,6 @@ import torch.distributed as dist
 def test_hang(rep, rank):
     if rank == 0:
         dist.barrier()  # the other ranks never enter it
-"""
-
-MULTIRANK_TEST = """
-import pytest
-import torch
-import torch.distributed as dist
-
-
-@pytest.mark.multirank(world_size=2)
-@pytest.mark.parametrize("i", range({n}))
-def test_multirank(i):
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert t.item() == 2.0
 """
 
 PLAIN_TEST = """

@@ -14,20 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from _common import Report, Suite, interleaved, median, ms, parser, progress, ratio, repeats_of, sec, table, verdict
-
-MULTIRANK_TEST = """
-import pytest
-import torch
-import torch.distributed as dist
-
-
-@pytest.mark.multirank(world_size=2)
-@pytest.mark.parametrize("i", range({n}))
-def test_multirank(i):
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert t.item() == 2.0
-"""
+from _suites import MULTIRANK_TEST
 
 PLAIN_TEST = """
 import pytest

@@ -97,6 +97,15 @@ def op_of(e: Event) -> str:
     return str(e.info.get("op", e.name.removeprefix("dist.")))
 
 
+def _pair(found: dict[tuple[Any, ...], Instance], group: Any, src: int, dst: int, tag: int, seq: int) -> Instance:
+    """The send/recv instance of the seq-th message from src to dst with this tag."""
+    key = ("p", group, src, dst, tag, seq)
+    inst = found.get(key)
+    if inst is None:
+        inst = found[key] = Instance(key, "send/recv", collectives.RECV, str(group), (src, dst))
+    return inst
+
+
 def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], Instance]:
     """Group the recorded collectives and sends/recvs of all ranks into instances."""
     found: dict[tuple[Any, ...], Instance] = {}
@@ -119,23 +128,8 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                         )
                     inst.starts[rank] = e
                 elif e.kind == events.P2P and e.info.get("sync") == collectives.SEND and e.info.get("seq"):
-                    key = (
-                        "p",
-                        e.info["group"],
-                        e.info["src"],
-                        e.info["dst"],
-                        e.info.get("tag", 0),
-                        e.info["seq"],
-                    )
-                    inst = found.setdefault(
-                        key,
-                        Instance(
-                            key,
-                            "send/recv",
-                            collectives.RECV,
-                            str(e.info["group"]),
-                            (e.info["src"], e.info["dst"]),
-                        ),
+                    inst = _pair(
+                        found, e.info["group"], e.info["src"], e.info["dst"], e.info.get("tag", 0), e.info["seq"]
                     )
                     inst.starts[rank] = e
             else:
@@ -147,23 +141,13 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                     if found_inst is not None:
                         found_inst.ends[rank] = e
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq"):
-                    key = (
-                        "p",
+                    inst = _pair(
+                        found,
                         start.info["group"],
                         e.info["src"],
                         start.info["dst"],
                         start.info.get("tag", 0),
                         e.info["seq"],
-                    )
-                    inst = found.setdefault(
-                        key,
-                        Instance(
-                            key,
-                            "send/recv",
-                            collectives.RECV,
-                            str(start.info["group"]),
-                            (e.info["src"], start.info["dst"]),
-                        ),
                     )
                     inst.ends[rank] = e
     return found

@@ -1,7 +1,8 @@
 """Mutation tests: the ordering suite, run against each seeded bug of the reference trainer,
 must fail with a message that points at the bug.
 
-Each case runs ``test_lifecycle.py`` itself in an inner session with
+Each case runs ``test_lifecycle.py`` itself (as ``test_mutated_lifecycle.py``, so its module name cannot
+clash with the outer session's) in an inner session with
 ``REFERENCE_TRAINER_BUGS`` set, restricted to the layouts where the bug can show. The README's
 mutation score is the share of these cases that pass; every one must.
 """
@@ -84,7 +85,7 @@ MUTANTS = {
 def test_the_ordering_suite_catches_the_seeded_bug(pytester: pytest.Pytester, monkeypatch, case: str) -> None:
     bug, selection, lines = MUTANTS[case]
     pytester.makeini(INI)
-    pytester.makepyfile(test_lifecycle=SUITE)
+    pytester.makepyfile(test_mutated_lifecycle=SUITE)
     monkeypatch.setenv("REFERENCE_TRAINER_BUGS", bug)
     monkeypatch.setenv("ORDERING_TIMEOUT", "3")
     result = pytester.runpytest("-p", "no:cacheprovider", "-k", selection, "-rfE")
@@ -97,7 +98,7 @@ def test_the_ordering_suite_catches_the_seeded_bug(pytester: pytest.Pytester, mo
 
 def test_the_unmutated_trainer_passes_the_same_selections(pytester: pytest.Pytester) -> None:
     pytester.makeini(INI)
-    pytester.makepyfile(test_lifecycle=SUITE)
+    pytester.makepyfile(test_mutated_lifecycle=SUITE)
     selection = " or ".join(f"({sel})" for _, sel, _ in MUTANTS.values())
     result = pytester.runpytest("-p", "no:cacheprovider", "-k", selection)
     result.assert_outcomes(passed=6)

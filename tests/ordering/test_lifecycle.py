@@ -33,11 +33,17 @@ LAYOUTS = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)]  # (world size, nodes)
 
 
 def seed_data(root: Path, nodes: int) -> None:
-    """What an earlier run's prepare_data left on every node's disk and the shared one."""
+    """What an earlier run's prepare_data left on every node's disk and the shared one.
+
+    Every rank seeds, unsynchronised (a seeded bug may have removed the barrier that would order
+    it), so each write goes to a private name and is renamed: a reader sees a whole file.
+    """
     x, y = RegressionDataModule(root).make()
     for folder in [*(f"node{k}" for k in range(nodes)), "shared"]:
         (root / folder).mkdir(parents=True, exist_ok=True)
-        torch.save({"x": x, "y": y}, root / folder / DATA_FILE)
+        tmp = root / folder / f".seed.{os.getpid()}.tmp"
+        torch.save({"x": x, "y": y}, tmp)
+        os.replace(tmp, root / folder / DATA_FILE)
 
 
 def preparers(world_size: int, nodes: int, per_node: bool) -> list[int]:

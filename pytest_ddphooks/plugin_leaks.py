@@ -1,5 +1,8 @@
 """The leak guard's pytest hooks: snapshot before setup, compare after teardown, clean, report.
 
+A special test's own interpreter ends with it, as a rank process does: only a process it
+started, which would outlive it, is its leak there.
+
 What a fixture of wider scope (module, class, package, session) creates during a test's
 setup is not that test's leak: it is checked when that scope ends, and reported then in the
 name of the fixture. Everything else new after teardown is the test's own leak.
@@ -15,6 +18,7 @@ from typing import Any
 import pytest
 
 from .leaks import DEFAULT_ALLOW, Allowlist, Leak, LeakGuard, Snapshot
+from .plugin_special import is_special, runs_here
 
 BEFORE_KEY = pytest.StashKey[Snapshot]()
 SCOPED_KEY = pytest.StashKey[list[Any]]()
@@ -118,6 +122,10 @@ class LeakHooks:
             self._report(item, rank_leaks, [], None)
             return
         leaks = self.guard.find(before)
+        if is_special(item) and runs_here(item):
+            # this interpreter ends with the test: what dies with it (its groups, threads,
+            # sockets, environment) is no leak; a process it started would outlive it
+            leaks = [lk for lk in leaks if lk.kind == "process"]
         after_setup = item.stash.get(AFTER_SETUP_KEY, None)
         if after_setup is not None:
             made_in_setup = self.guard.find(before, after_setup)

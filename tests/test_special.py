@@ -213,3 +213,34 @@ def test_special_test_that_hangs_is_killed_and_the_session_goes_on(pytester) -> 
         ]
     )
     result.stdout.fnmatch_lines(["*_ test_ranks_hang _*", "hang: the test did not finish within 2 s (2 ranks)"])
+
+
+def test_special_interpreter_ends_with_its_test_so_only_a_process_it_started_is_a_leak(pytester) -> None:
+    pytester.makepyfile(
+        test_state="""
+        import os
+        import subprocess
+        import threading
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.special
+        def test_leaves_global_state(tmp_path):
+            dist.init_process_group("gloo", init_method=f"file://{tmp_path}/s", rank=0, world_size=1)
+            threading.Thread(target=threading.Event().wait, name="forever", daemon=True).start()
+            os.environ["MASTER_PORT"] = "29999"
+
+        @pytest.mark.special
+        def test_leaves_a_process():
+            subprocess.Popen(["sleep", "607"])
+        """
+    )
+    leak_report = [
+        "*_ ERROR at teardown of test_leaves_a_process _*",
+        "test_state.py::test_leaves_a_process leaked (cleaned up before the next test):",
+        "  process * is still running: sleep 607",
+    ]
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(leak_report)
+    result.stdout.no_fnmatch_line("*test_leaves_global_state leaked*")

@@ -190,6 +190,19 @@ def _open_collective(spans: list[Span]) -> Span | None:
     return None
 
 
+def stuck_in_desync(timeline: Timeline) -> tuple[object, ...] | None:
+    """The first mismatched collective that every rank which entered it is still inside,
+    with how many events those ranks had recorded (to tell a stuck state from progress);
+    None when there is none."""
+    for m in timeline.collective_mismatches():
+        inst = timeline.instances.get(("c", m.group, m.seq))
+        if inst is None or inst.ends or len(inst.starts) < 2:
+            continue
+        counts = tuple(len(timeline.for_rank(r)) for r in sorted(inst.starts))
+        return (m.group, m.seq, tuple(sorted(m.calls.items(), key=lambda kv: kv[0])), counts)
+    return None
+
+
 def _hooks(spans: list[Span]) -> str:
     names = [s.start.info.get("qualname") or s.name for s in spans if s.kind in (events.CALL, events.BARRIER)]
     return " > ".join(str(n) for n in names)
@@ -219,7 +232,8 @@ def rank_status(report: RunReport, rank: int, now_ns: int) -> list[str]:
     blocked = _open_collective(spans)
     stack = _main_stack(report.stacks.get(rank), report.thread_idents.get((rank, 0)))
     frame = user_frame(stack) if stack is not None else None
-    head = f"rank {rank}: " if report.timed_out else f"rank {rank}: {report.stopped[rank]}; it was "
+    stuck = report.timed_out or report.desynced
+    head = f"rank {rank}: " if stuck else f"rank {rank}: {report.stopped[rank]}; it was "
     lines = []
     if blocked is not None:
         info = blocked.start.info
@@ -241,9 +255,9 @@ def rank_status(report: RunReport, rank: int, now_ns: int) -> list[str]:
                         who = ", ".join(str(m) for m in missing)
                         lines.append(f"  ranks that never entered {op} #{info.get('seq')}: {who}")
     else:
-        lines.append(f"{head}{'still running' if report.timed_out else 'running'}{where}")
+        lines.append(f"{head}{'still running' if stuck else 'running'}{where}")
     if frame is not None:
-        verb = "stuck at" if report.timed_out else "at"
+        verb = "stuck at" if stuck else "at"
         lines.append(f"  {verb} {_rel(frame.path)}:{frame.line} in {frame.function}: {frame.source()}")
     return lines
 
@@ -267,7 +281,13 @@ def diagnose(report: RunReport) -> list[str]:
     """The lines a hang report opens with: the limit, then where every rank is."""
     job = report.job
     now = report.stopped_at_ns or time.time_ns()
-    lines = [f"hang: the test did not finish within {job.timeout:g} s ({job.world_size} ranks)"]
+    if report.desynced:
+        lines = [
+            f"hang: the ranks were stopped after {report.duration:.1f} s, not at the {job.timeout:g} s limit:"
+            " they are blocked in collectives that can never match"
+        ]
+    else:
+        lines = [f"hang: the test did not finish within {job.timeout:g} s ({job.world_size} ranks)"]
     for rank in range(job.world_size):
         lines.extend("  " + line for line in rank_status(report, rank, now))
     return lines

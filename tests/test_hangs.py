@@ -49,7 +49,7 @@ def test_all_reduce_against_broadcast_is_a_desync_said_first(inner) -> None:
         import torch
         import torch.distributed as dist
 
-        @pytest.mark.multirank(world_size=2, timeout=2)
+        @pytest.mark.multirank(world_size=2, timeout=60)
         def test_mismatch(rank):
             t = torch.ones(4)
             dist.all_reduce(t)
@@ -61,12 +61,42 @@ def test_all_reduce_against_broadcast_is_a_desync_said_first(inner) -> None:
         """
     )
     ran.result.assert_outcomes(failed=1)
+    # stopped once the mismatch is seen twice without progress, long before the limit
     ran.lines(
         "desync: collective #3 on the default group:"
         " rank 0 all_reduce(float32[4]), rank 1 broadcast(float32[4], src=0)",
-        "hang: the test did not finish within 2 s (2 ranks)",
+        "hang: the ranks were stopped after * s, not at the 60 s limit:"
+        " they are blocked in collectives that can never match",
+        "  rank 0: blocked in all_reduce #3 on the default group for *",
+        "    stuck at test_inner.py:11 in test_mismatch: dist.all_reduce(t)",
+        "  rank 1: blocked in broadcast #3 on the default group for *",
+        "    stuck at test_inner.py:13 in test_mismatch: dist.broadcast(t, src=0)",
     )
     ran.lines("FAILED test_inner.py::test_mismatch - desync: collective #3 on the default*")
+    assert ran.seconds < 30
+
+
+def test_a_slow_peer_in_a_matching_collective_is_not_stopped_early(inner) -> None:
+    ran = inner(
+        """
+        import threading
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=30)
+        def test_slow_peer(rank):
+            t = torch.ones(4)
+            if rank == 1:
+                # rank 0 waits inside all_reduce #1 for several desync looks
+                threading.Event().wait(2.5)
+            dist.all_reduce(t)
+            assert t.tolist() == [2.0] * 4
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+    ran.no_lines("desync: *")
+    ran.no_lines("hang: *")
 
 
 def test_desync_without_a_hang_still_fails(inner) -> None:

@@ -3,8 +3,10 @@
 A rank that dies stops the others at once. A rank whose body failed gives the others a
 short grace (they often fail the same way a moment later, or error out of a collective
 with it), then they are stopped. At the time limit every live rank's stacks are taken and
-the whole tree is killed. In every case what the ranks wrote survives: results, output,
-and the events they recorded up to the end.
+the whole tree is killed. Ranks that sit in collectives that can never match (a desync:
+rank 0 in all_reduce #3, rank 1 in broadcast #3) are stopped as soon as that is seen twice
+in a row with no progress, instead of at the limit. In every case what the ranks wrote
+survives: results, output, and the events they recorded up to the end.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import time
 from dataclasses import dataclass, field
 
 from .. import hangs
-from ..recorder.events import read_raw
+from ..recorder.events import RawEvent, read_raw
 from ..recorder.timeline import Timeline
 from .job import Job, RankResult, read_text
 from .zygote import Launcher, RankExit
+
+# how often a waiting run looks for a desync; two looks in a row must agree
+DESYNC_POLL_SECONDS = 0.5
 
 
 @dataclass
@@ -28,6 +33,7 @@ class RunReport:
     exits: dict[int, RankExit] = field(default_factory=dict)
     stopped: dict[int, str] = field(default_factory=dict)  # rank -> why the harness stopped it
     timed_out: bool = False
+    desynced: bool = False  # stopped early: blocked in collectives that can never match
     first_failure: int | None = None
     stacks: dict[int, hangs.Stacks] = field(default_factory=dict)
     outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
@@ -44,22 +50,42 @@ class RunReport:
         return rank not in self.results or (ex is not None and (ex.signal is not None or ex.code != 0))
 
 
-def run_job(launcher: Launcher, job: Job, *, grace: float = 1.0) -> RunReport:
+def _events(job: Job) -> dict[int, list[RawEvent]]:
+    return {r: list(read_raw(job.path(r, "events"))) for r in range(job.world_size)}
+
+
+def run_job(
+    launcher: Launcher, job: Job, *, grace: float = 1.0, desync_poll: float = DESYNC_POLL_SECONDS
+) -> RunReport:
     started = time.monotonic()
     pids = launcher.spawn(job)
     report = RunReport(job, pids)
     deadline = started + job.timeout
     failed_at: float | None = None
+    next_poll = started + desync_poll
+    seen_stuck: tuple[object, ...] | None = None
     stop_reason = ""
     while len(report.exits) < job.world_size:
         wake = deadline if failed_at is None else min(deadline, failed_at + grace)
+        if failed_at is None:
+            wake = min(wake, next_poll)
         ex = launcher.next_exit(job.test_id, max(wake - time.monotonic(), 0.0))
         if ex is None:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 report.timed_out = True
                 stop_reason = f"timed out after {job.timeout:g} s"
-            else:
-                stop_reason = f"stopped after rank {report.first_failure} failed"
+                break
+            if failed_at is None:
+                next_poll = now + desync_poll
+                stuck = hangs.stuck_in_desync(Timeline.from_raw(_events(job)))
+                if stuck is not None and stuck == seen_stuck:
+                    report.desynced = True
+                    stop_reason = "stopped: blocked in collectives that can never match"
+                    break
+                seen_stuck = stuck
+                continue
+            stop_reason = f"stopped after rank {report.first_failure} failed"
             break
         report.exits[ex.rank] = ex
         result = RankResult.read(job.path(ex.rank, "result"))
@@ -91,7 +117,7 @@ def run_job(launcher: Launcher, job: Job, *, grace: float = 1.0) -> RunReport:
         out, err = read_text(job.path(r, "out")), read_text(job.path(r, "err"))
         if out or err:
             report.outputs[r] = (out, err)
-    raw = {r: list(read_raw(job.path(r, "events"))) for r in range(job.world_size)}
+    raw = _events(job)
     report.timeline = Timeline.from_raw(raw)
     report.thread_idents = {
         (r, int(rec[2])): int(rec[6]["ident"])

@@ -6,7 +6,11 @@ duration (junit xml) minus T: the time from the time limit to the failure report
 taken, ranks killed, diagnosis written). Each failure is checked to be the watchdog's
 ("hang after ...").
 
-(b) Cost on the passing path. There is no switch to turn the watchdog off, and on a passing
+(b) Desync stop latency. Rank 0 calls ``all_reduce`` while the other ranks call ``broadcast``
+under a 60 s limit: gloo never errors, so only the watchdog's desync look (every 0.5 s, two
+looks in a row must agree) ends the test. The figure is the test's call duration.
+
+(c) Cost on the passing path. There is no switch to turn the watchdog off, and on a passing
 test the hang code (``pytest_ddphooks.hangs``) is never called; the watchdog is the deadline
 of the wait loop in ``launch.run.run_job``, which blocks in ``Launcher.next_exit``
 (``select()`` on the launcher's socket, woken once per rank exit). A conftest in the
@@ -35,6 +39,22 @@ import torch.distributed as dist
 def test_hang(rep, rank):
     if rank == 0:
         dist.barrier()  # the other ranks never enter it
+"""
+
+DESYNC_TEST = """
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.mark.parametrize("rep", range({k}))
+@pytest.mark.multirank(world_size={sizes}, timeout=60)
+def test_desync(rep, rank):
+    t = torch.ones(4)
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
 """
 
 PLAIN_TEST = """
@@ -122,9 +142,11 @@ def main() -> None:
     report = Report("bench_watchdog", "Watchdog: hang detection latency and passing-path cost", args)
 
     latency: dict[int, list[float]] = defaultdict(list)
+    desync: dict[int, list[float]] = defaultdict(list)
     probes: dict[str, list[dict[str, Any]]] = defaultdict(list)
     suite_files = {
         "test_hang.py": HANG_TEST.format(k=hangs_per_size, sizes=sizes, t=args.limit),
+        "test_desync.py": DESYNC_TEST.format(k=hangs_per_size, sizes=sizes),
         "test_multirank.py": MULTIRANK_TEST.format(n=n),
         "test_plain.py": PLAIN_TEST.format(n=n),
         "cpu_probe.py": CPU_PROBE,
@@ -133,19 +155,21 @@ def main() -> None:
         out = suite.dir / "cpu.json"
         env = {"BENCH_CPU_OUT": str(out), "PYTHONPATH": str(suite.dir)}
         suite.run_ok("test_plain.py", expect=n)  # warm-up, not measured
-        for r, name in interleaved(repeats, ["hang", "multirank", "plain"]):
+        stuck = {"hang": ("hang after", latency, args.limit), "desync": ("desync: collective #1", desync, 0.0)}
+        for r, name in interleaved(repeats, ["hang", "desync", "multirank", "plain"]):
             progress(f"round {r + 1}/{repeats}: {name}")
-            if name == "hang":
-                s = suite.run("test_hang.py")
+            if name in stuck:
+                words, samples, offset = stuck[name]
+                s = suite.run(f"test_{name}.py")
                 expected = hangs_per_size * len(sizes)
                 if s.count("failed") != expected:
-                    raise RuntimeError(f"expected {expected} hangs to fail, got:\n{s.tail()}")
+                    raise RuntimeError(f"expected {expected} {name} tests to fail, got:\n{s.tail()}")
                 for case in s.cases:
-                    if not case.message.startswith("hang after"):
-                        raise RuntimeError(f"{case.name} failed, but not as a hang: {case.message}")
+                    if not case.message.startswith(words):
+                        raise RuntimeError(f"{case.name} failed, but not with {words!r}: {case.message}")
                     m = re.search(r"\[\d+-(\d+)\]", case.name)
                     assert m is not None, case.name
-                    latency[int(m.group(1))].append(case.seconds - args.limit)
+                    samples[int(m.group(1))].append(case.seconds - offset)
                 continue
             suite.run_ok("-p", "cpu_probe", f"test_{name}.py", expect=n, env=env)
             probes[name].append(json.loads(out.read_text()))
@@ -163,6 +187,21 @@ def main() -> None:
             " failure report; T counts from just before the ranks are forked, so the latency also holds"
             " the few milliseconds of preparing the job. Of it, up to 1 s is the stack collection"
             " (SIGUSR1 to each live rank, read once the dump files stop growing).",
+        ],
+    )
+
+    rows = []
+    for size in sizes:
+        d = desync[size]
+        rows.append([size, len(d), ms(median(d)), ms(max(d)), verdict(max(d) < 2.0)])
+    report.section(
+        "(b) Desync stop latency: call duration of a test whose ranks sit in mismatched collectives, limit 60 s",
+        table(["world size", "samples", "median", "max", "under 2 s (max)"], rows),
+        [
+            "Rank 0 in all_reduce #1, the others in broadcast #1: gloo waits forever. The watchdog looks at"
+            " the recorded events every 0.5 s and stops the ranks when two looks in a row find the same"
+            " mismatched collective with every rank that entered it still inside; the duration also"
+            " holds the ranks' start and the stack collection.",
         ],
     )
 
@@ -190,7 +229,7 @@ def main() -> None:
         ["session CPU (start to finish) / N", us(per_session(mr)), us(per_session(pl))],
     ]
     report.section(
-        f"(b) Orchestrating (pytest) process CPU on passing tests, {n} tests per session",
+        f"(c) Orchestrating (pytest) process CPU on passing tests, {n} tests per session",
         table(["figure", "multirank, 2 ranks", "plain test"], rows)
         + "\n\n"
         + table(
@@ -200,9 +239,10 @@ def main() -> None:
         [
             "CPU is time.process_time() of the pytest process only (the ranks and the launcher are other"
             " processes). The plain column is the same session shape without multirank, for reference.",
-            "The watchdog has no thread and no polling: run_job computes one deadline and blocks in"
-            " select() until a rank exits or the deadline passes, so its cost is the wake-ups (one per rank"
-            " exit) and unpickling the exit messages. Everything else in run_job is orchestration: sending"
+            "The watchdog has no thread: run_job blocks in select() until a rank exits, the deadline"
+            " passes or, for a test still running after 0.5 s, the next desync look is due, so on a"
+            " short passing test its cost is the wake-ups (one per rank exit) and unpickling the exit"
+            " messages. Everything else in run_job is orchestration: sending"
             " the job, reading results, output and recorded events, building the timeline.",
         ],
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 NEXT = """
@@ -300,9 +301,24 @@ def test_events_recorded_before_the_hang_are_in_the_report(inner) -> None:
 
 
 def test_hangs_under_xdist(inner) -> None:
+    kinds = "\n".join(
+        f"""
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_kind_{kind}(rank):
+            dist.barrier()
+            if rank == 1:
+                {code.replace('600', '613')}
+            dist.barrier()
+        """
+        for kind, (code, _) in sorted(HANGS.items())
+    )
     ran = inner(
         """
+        import subprocess
+        import threading
+        import time
         import pytest
+        import torch
         import torch.distributed as dist
 
         @pytest.mark.parametrize("i", range(4))
@@ -315,9 +331,24 @@ def test_hangs_under_xdist(inner) -> None:
         @pytest.mark.multirank(world_size=2)
         def test_ok(i, rank):
             dist.barrier()
-        """,
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_desync(rank):
+            t = torch.ones(4)
+            if rank == 0:
+                dist.all_reduce(t)
+            else:
+                dist.broadcast(t, src=0)
+        """
+        + kinds,
         "-n",
         "2",
         subprocess=True,
     )
-    ran.result.assert_outcomes(failed=4, passed=4)
+    ran.result.assert_outcomes(failed=4 + 1 + len(HANGS), passed=4)
+    ran.lines("FAILED test_inner.py::test_desync - desync: collective #1 on the default gr*")
+    for kind, (_, stuck) in sorted(HANGS.items()):
+        ran.lines(f"FAILED test_inner.py::test_kind_{kind} - hang after 2 s*")
+        ran.lines(f"    stuck at test_inner.py:* in test_kind_{kind}: {stuck.replace('600', '613')}")
+    assert ran.seconds < 60
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "613"]]

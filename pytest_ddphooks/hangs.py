@@ -199,7 +199,7 @@ def stuck_in_desync(timeline: Timeline) -> tuple[object, ...] | None:
         if inst is None or inst.ends or len(inst.starts) < 2:
             continue
         counts = tuple(len(timeline.for_rank(r)) for r in sorted(inst.starts))
-        return (m.group, m.seq, tuple(sorted(m.calls.items(), key=lambda kv: kv[0])), counts)
+        return (m.group, m.seq, tuple(sorted(m.calls.items())), counts)
     return None
 
 
@@ -232,7 +232,7 @@ def rank_status(report: RunReport, rank: int, now_ns: int) -> list[str]:
     blocked = _open_collective(spans)
     stack = _main_stack(report.stacks.get(rank), report.thread_idents.get((rank, 0)))
     frame = user_frame(stack) if stack is not None else None
-    stuck = report.timed_out or report.desynced
+    stuck = report.stuck
     head = f"rank {rank}: " if stuck else f"rank {rank}: {report.stopped[rank]}; it was "
     lines = []
     if blocked is not None:

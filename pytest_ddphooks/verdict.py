@@ -71,7 +71,7 @@ def decide(report: RunReport) -> Verdict:
     message = f"desync: {mismatches[0]}" if mismatches else ""
     location: tuple[str, int] | None = None
 
-    if report.timed_out or report.desynced:
+    if report.stuck:
         diagnosis = hangs.diagnose(report)
         lines.extend(diagnosis)
         if not message:
@@ -120,7 +120,7 @@ def decide(report: RunReport) -> Verdict:
         lines.append(f"{'-' * 20}{label} {'-' * 20}")
         lines.extend(res.longrepr.rstrip("\n").splitlines())
     lines.extend(hangs.stack_sections(report))
-    if mismatches or report.timed_out or report.desynced or died or failed:
+    if mismatches or report.stuck or died or failed:
         if timeline is not None and timeline.events and (mismatches or report.timed_out or died or report.stopped):
             lines.append("")
             lines.append("recorded timeline:")

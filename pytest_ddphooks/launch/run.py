@@ -43,6 +43,11 @@ class RunReport:
     duration: float = 0.0
     stopped_at_ns: int = 0
 
+    @property
+    def stuck(self) -> bool:
+        """The ranks were stopped while stuck: at the time limit, or early in a desync."""
+        return self.timed_out or self.desynced
+
     def died(self, rank: int) -> bool:
         ex = self.exits.get(rank)
         if rank in self.stopped:

@@ -1,9 +1,16 @@
-"""Process-global state a test may leave behind, found by comparing snapshots, and cleaned.
+"""Process-global state a test may leave behind: found by comparing snapshots, released
+where that is safe, and reported where it is not.
 
 Five kinds: process groups (torch.distributed), live child processes and their children,
 threads, sockets (listening or connected) and the distributed environment variables. A
 snapshot is cheap (a few hundred microseconds): sockets are only described when a socket
 descriptor appeared that was not there before.
+
+Cleaning never pulls a resource from under live code: a group is destroyed through torch,
+a process is killed (and left for its owner to reap, so a ``Popen`` still sees how it
+ended), a socket is closed only through the Python socket object that owns it. A socket
+that only native code holds (gloo's pairs, a store) and a running thread are left as they
+are and reported as such: replacing a descriptor under native code crashes it later.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import fnmatch
 import gc
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -20,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import releasing, singletons
 from .launch import zygote
 from .launch.rendezvous import DIST_ENV
 
@@ -27,16 +36,9 @@ ENV_NAMES = (*DIST_ENV, "NODE_RANK", "GROUP_RANK")
 ENV_PREFIXES = ("TORCHELASTIC_",)
 KINDS = ("group", "process", "thread", "socket", "env")
 
-# Long-lived by design, never a test's fault.
-DEFAULT_ALLOW = (
-    "thread:pytest_timeout *",
-    "thread:ddphooks*",
-    # multiprocessing's own feeder of a Queue: it ends when the queue is collected
-    "thread:QueueFeederThread",
-    "process:*multiprocessing.resource_tracker*",
-    "process:*multiprocessing.forkserver*",
-    "process:*torch._inductor.compile_worker*",
-)
+# how long a leaked thread gets to end, and a leaked socket to be closed by its owner
+# (gloo closes its pairs just after a group is destroyed), before either is judged
+SETTLE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -44,10 +46,22 @@ class Leak:
     kind: str
     key: str  # what an allowlist entry matches
     what: str  # the words a report prints
-    ref: int = 0  # the pid, or the thread ident
+    ref: int = 0  # the pid, the thread ident, or the socket's inode
 
     def __str__(self) -> str:
         return self.what
+
+    def same(self, other: Leak) -> bool:
+        return (self.kind, self.key, self.ref) == (other.kind, other.key, other.ref)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the guard did about one leak: ``cleaned``, and how, or why it was left."""
+
+    leak: Leak
+    cleaned: bool
+    how: str
 
 
 @dataclass
@@ -60,9 +74,11 @@ class Snapshot:
 
 
 class Allowlist:
-    """``kind:glob`` entries (``thread:worker-*``, ``process:*redis*``); a bare kind allows all."""
+    """``kind:glob`` entries (``thread:worker-*``, ``process:*redis*``); a bare kind allows all.
+    With ``singletons``, also what libraries create once per process (``singletons.KNOWN``)."""
 
-    def __init__(self, entries: Iterable[str] = ()) -> None:
+    def __init__(self, entries: Iterable[str] = (), singletons: bool = False) -> None:
+        self.singletons = singletons
         self.rules: list[tuple[str, str]] = []
         for entry in entries:
             entry = entry.strip()
@@ -75,12 +91,28 @@ class Allowlist:
             self.rules.append((kind, pattern.strip() or "*"))
 
     def extended(self, entries: Iterable[str]) -> Allowlist:
-        out = Allowlist()
+        out = Allowlist(singletons=self.singletons)
         out.rules = [*self.rules, *Allowlist(entries).rules]
         return out
 
     def allows(self, leak: Leak) -> bool:
-        return any(kind == leak.kind and fnmatch.fnmatchcase(leak.key, pat) for kind, pat in self.rules)
+        if self._matches(leak):
+            return True
+        # what an allowed thread works with is part of it: a plugin's server thread and its socket
+        return leak.kind == "socket" and any(self._matches(thread_leak(t)) for t in _threads_using(leak.ref))
+
+    def _matches(self, leak: Leak) -> bool:
+        if any(kind == leak.kind and fnmatch.fnmatchcase(leak.key, pat) for kind, pat in self.rules):
+            return True
+        return self.singletons and singletons.known(leak, _live_thread(leak)) is not None
+
+
+def _live_thread(leak: Leak) -> threading.Thread | None:
+    return _threads().get(leak.ref) if leak.kind == "thread" else None
+
+
+def thread_leak(t: threading.Thread) -> Leak:
+    return Leak("thread", t.name, f"{thread_label(t)} is still running", t.ident or 0)
 
 
 def _dist() -> Any | None:
@@ -115,16 +147,6 @@ def _groups() -> dict[str, str]:
         else:
             out[str(name)] = f"process group {name!r} (backend {backend}, ranks {ranks})"
     return out
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an exited child nobody reaped yet is not running)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 def _threads() -> dict[int, threading.Thread]:
@@ -162,7 +184,7 @@ def thread_label(t: threading.Thread) -> str:
 
 
 class LeakGuard:
-    """Takes snapshots and finds, then cleans, what is new between two of them."""
+    """Takes snapshots; finds, settles, then cleans what is new between two of them."""
 
     def __init__(self, own_processes: Callable[[], set[int]] = set) -> None:
         # pids whose trees belong to the harness itself (the warm launcher)
@@ -178,7 +200,7 @@ class LeakGuard:
             if pid in seen or pid in own:
                 continue
             seen.add(pid)
-            if _running(pid):
+            if zygote.is_running(pid):
                 out[pid] = zygote.command_line(pid)
             todo.extend(zygote.children_of(pid))
         return out
@@ -199,7 +221,7 @@ class LeakGuard:
                 leaks.append(Leak("process", cmd, f"process {pid} is still running: {cmd}", pid))
         for ident, t in after.threads.items():
             if ident not in before.threads or before.threads[ident] is not t:
-                leaks.append(Leak("thread", t.name, f"{thread_label(t)} is still running", ident))
+                leaks.append(thread_leak(t))
         if after.socket_inodes - before.socket_inodes:
             leaks.extend(_socket_leaks(after.socket_inodes - before.socket_inodes))
         for name in sorted(set(before.env) | set(after.env)):
@@ -213,57 +235,122 @@ class LeakGuard:
                     leaks.append(Leak("env", name, f"environment variable {name} was changed from {old!r} to {new!r}"))
         return leaks
 
-    def clean(self, leaks: list[Leak], before: Snapshot) -> list[str]:
-        """Undo what leaked, in an order that frees sockets through their owners first.
-        Returns what could not be undone."""
-        problems: list[str] = []
-        kinds = {leak.kind for leak in leaks}
-        if "group" in kinds:
-            problems.extend(destroy_groups())
-        if "process" in kinds:
-            for leak in leaks:
-                if leak.kind == "process":
-                    _kill_tree(leak.ref)
-        if "env" in kinds:
-            for leak in leaks:
-                if leak.kind == "env":
-                    if leak.key in before.env:
-                        os.environ[leak.key] = before.env[leak.key]
-                    else:
-                        os.environ.pop(leak.key, None)
-        if "thread" in kinds:
-            deadline = time.monotonic() + 1.0
-            alive = _threads()
-            for leak in leaks:
-                t = alive.get(leak.ref) if leak.kind == "thread" else None
-                if t is None:
+    def settle(
+        self, before: Snapshot, leaks: list[Leak], holders: Iterable[Any] = (), wait: float = SETTLE_SECONDS
+    ) -> list[Leak]:
+        """Those of ``leaks`` still there once what the test's failure kept alive is released
+        (``holders``: objects that may keep failures, such as the test item), garbage is
+        collected, processes and threads had ``wait`` seconds to end (longer for what is
+        known to end by itself, ``singletons.patience``) and sockets to be closed."""
+        if not leaks:
+            return []
+        releasing.release_failures(holders)
+        gc.collect()
+        deadline = time.monotonic() + wait
+        for leak in leaks:  # processes first: a thread may be waiting for one
+            if leak.kind == "process" and leak.ref:
+                until = max(deadline, time.monotonic() + singletons.patience(leak, leak.ref))
+                while zygote.is_running(leak.ref) and time.monotonic() < until:
+                    time.sleep(0.01)
+        alive = _threads()
+        for leak in leaks:
+            t = alive.get(leak.ref) if leak.kind == "thread" else None
+            if t is not None:
+                t.join(max(deadline, time.monotonic() + singletons.patience(leak, t)) - time.monotonic())
+        if not any(lk.kind == "group" for lk in leaks):  # a live group keeps its sockets open
+            _await_closed({lk.ref for lk in leaks if lk.kind == "socket"}, deadline)
+        still = self.find(before)
+        return [lk for lk in leaks if any(lk.same(s) for s in still)]
+
+    def clean(self, leaks: list[Leak], before: Snapshot) -> list[Outcome]:
+        """Release what can be released safely, in an order that lets owners close their
+        sockets first; say what was done about each leak. A socket that closed with its
+        group or process is no leak of its own and gets no outcome."""
+        out: list[Outcome] = []
+        groups = [lk for lk in leaks if lk.kind == "group"]
+        if groups:
+            problems = destroy_groups()
+            for leak in groups:
+                out.append(Outcome(leak, not problems, problems[0] if problems else "destroyed"))
+        for leak in leaks:
+            if leak.kind == "process":
+                if leak.ref:
+                    kill_tree(leak.ref)
+                out.append(Outcome(leak, True, "killed"))
+            elif leak.kind == "env":
+                if leak.key in before.env:
+                    os.environ[leak.key] = before.env[leak.key]
+                else:
+                    os.environ.pop(leak.key, None)
+                out.append(Outcome(leak, True, "restored"))
+            elif leak.kind == "thread":
+                out.append(Outcome(leak, False, "a thread cannot be stopped from outside; it was left running"))
+        sockets = [lk for lk in leaks if lk.kind == "socket"]
+        if sockets:
+            _await_closed({lk.ref for lk in sockets}, time.monotonic() + SETTLE_SECONDS)
+            open_now = _inodes_open({lk.ref for lk in sockets})
+            owners = _python_sockets(open_now)
+            users = {inode: _threads_using(inode, owners) for inode in owners}
+            closed = _close(owners, {inode for inode, threads in users.items() if not threads})
+            still = _inodes_open(open_now)
+            hint = ""
+            for leak in sockets:
+                if leak.ref not in open_now:
                     continue
-                t.join(max(deadline - time.monotonic(), 0.0))
-                if t.is_alive():
-                    problems.append(f"{thread_label(t)} cannot be stopped from outside; it keeps running")
-        if "socket" in kinds:
-            gc.collect()
-            _close_sockets(_socket_inodes() - before.socket_inodes)
-        return problems
+                if leak.ref not in still:
+                    out.append(Outcome(leak, True, "closed through its Python socket object"))
+                elif users.get(leak.ref):
+                    names = ", ".join(repr(t.name) for t in users[leak.ref])
+                    how = f"thread {names} is using it: left open, as closing it would break that thread"
+                    out.append(Outcome(leak, False, how))
+                elif leak.ref in closed:
+                    how = "its Python socket object was closed, but native code holds a copy of it"
+                    out.append(Outcome(leak, False, how))
+                else:
+                    if not hint:
+                        hint = _native_owners()
+                    how = f"native code owns it ({hint}): left open, as closing it from outside would crash that code"
+                    out.append(Outcome(leak, False, how))
+        return out
+
+
+def _fds_by_inode() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{name}")
+            if link.startswith("socket:["):
+                out.setdefault(int(link[len("socket:[") : -1]), []).append(int(name))
+    return out
+
+
+def _inodes_open(inodes: set[int]) -> set[int]:
+    return inodes & set(_fds_by_inode())
+
+
+def _await_closed(inodes: set[int], deadline: float) -> None:
+    """Give the owners of these sockets until ``deadline`` to close them."""
+    while inodes and _inodes_open(inodes) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _socket_leaks(inodes: frozenset[str]) -> list[Leak]:
     import psutil
 
     wanted = {int(i[len("socket:[") : -1]) for i in inodes}
-    leaks = []
+    leaks: list[Leak] = []
     try:
         conns = psutil.Process().net_connections(kind="inet")
     except Exception:
         return leaks
-    by_fd = {}
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            link = os.readlink(f"/proc/self/fd/{name}")
-            if link.startswith("socket:["):
-                by_fd[int(name)] = int(link[len("socket:[") : -1])
+    by_fd = {fd: inode for inode, fds in _fds_by_inode().items() for fd in fds}
     for c in conns:
-        if by_fd.get(c.fd) not in wanted:
+        inode = by_fd.get(c.fd)
+        if inode not in wanted:
             continue
         local = f"{c.laddr.ip}:{c.laddr.port}" if c.laddr else "?"
         if c.status == "LISTEN" or (not c.raddr and c.type == 2):
@@ -273,23 +360,85 @@ def _socket_leaks(inodes: frozenset[str]) -> list[Leak]:
             what = f"connection {local} -> {remote} ({c.status}) is still open"
         if c.status == "LISTEN":
             what += " is still open"
-        leaks.append(Leak("socket", local, what))
+        leaks.append(Leak("socket", local, what, inode or 0))
     return leaks
 
 
-def _close_sockets(inodes: frozenset[str]) -> None:
-    """Replace leaked socket descriptors by /dev/null: the socket closes, the number stays
-    taken, so its owner closing it later cannot close someone else's descriptor."""
+def _python_sockets(inodes: set[int]) -> dict[int, list[socket.socket]]:
+    """The Python socket objects that own these sockets, by inode."""
     if not inodes:
-        return
-    null = os.open(os.devnull, os.O_RDWR)
-    try:
-        for name in os.listdir("/proc/self/fd"):
+        return {}
+    wanted = {fd: inode for inode, fds in _fds_by_inode().items() if inode in inodes for fd in fds}
+    out: dict[int, list[socket.socket]] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), socket.socket) and obj.fileno() in wanted:
+            out.setdefault(wanted[obj.fileno()], []).append(obj)
+    return out
+
+
+def _frame_uses(frame: Any, socks: list[socket.socket]) -> bool:
+    """The frame holds one of ``socks`` in a local, or as an attribute of one (``self.sock``)."""
+    for value in list(frame.f_locals.values()):
+        if any(value is s for s in socks):
+            return True
+        attributes = getattr(value, "__dict__", None)
+        if isinstance(attributes, dict) and any(a is s for a in list(attributes.values()) for s in socks):
+            return True
+    return False
+
+
+def _threads_using(inode: int, owners: dict[int, list[socket.socket]] | None = None) -> list[threading.Thread]:
+    """Live threads (other than this one) whose stack works with the socket's Python object."""
+    socks = (owners if owners is not None else _python_sockets({inode})).get(inode, [])
+    if not socks:
+        return []
+    threads = _threads()
+    me = threading.get_ident()
+    out = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me or ident not in threads:
+            continue
+        f = frame
+        while f is not None:
+            if _frame_uses(f, socks):
+                out.append(threads[ident])
+                break
+            f = f.f_back
+    return out
+
+
+def _close(owners: dict[int, list[socket.socket]], inodes: set[int]) -> set[int]:
+    """Close the Python socket objects of these sockets (shut down first, which wakes one
+    blocked in accept or recv); returns the inodes that had one."""
+    closed = set()
+    for inode in inodes:
+        for sock in owners.get(inode, []):
+            closed.add(inode)
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/self/fd/{name}") in inodes:
-                    os.dup2(null, int(name))
-    finally:
-        os.close(null)
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+    return closed
+
+
+def _native_owners() -> str:
+    """What native objects of torch.distributed are still referenced: the likely owners of
+    sockets no Python object owns (a ProcessGroupGloo kept in a global, a TCPStore)."""
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    names = ("ProcessGroup", "Backend", "Store")
+    kinds = tuple(t for t in (getattr(c10d, n, None) for n in names) if isinstance(t, type))
+    counts: dict[str, int] = {}
+    if kinds:
+        seen: set[int] = set()
+        for holder in gc.get_objects():
+            for obj in gc.get_referents(holder):
+                if isinstance(obj, kinds) and id(obj) not in seen:
+                    seen.add(id(obj))
+                    counts[type(obj).__name__] = counts.get(type(obj).__name__, 0) + 1
+    if not counts:
+        return "no Python object owns it"
+    found = ", ".join(f"{n} {name} object{'s' if n > 1 else ''}" for name, n in sorted(counts.items()))
+    return f"still referenced: {found}"
 
 
 def destroy_groups() -> list[str]:
@@ -316,11 +465,14 @@ def destroy_groups() -> list[str]:
     return []
 
 
-def _kill_tree(pid: int) -> None:
+def kill_tree(pid: int, wait: float = 2.0) -> None:
+    """SIGKILL a process and everything under it, and wait until they stopped running.
+    Nothing is reaped: the owner of a ``Popen`` or ``multiprocessing.Process`` must still
+    learn how its process ended."""
     tree = [pid, *zygote.descendants_of(pid)]
     for p in tree:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p, signal.SIGKILL)
-    for p in tree:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(p, 0)
+    deadline = time.monotonic() + wait
+    while any(zygote.is_running(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.005)

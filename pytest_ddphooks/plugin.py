@@ -33,7 +33,17 @@ from .launch.run import remove_run_dir, run_job
 from .launch.zygote import Launcher
 from .leaks import Leak, LeakGuard
 from .plugin_leaks import ALLOW_HELP, RANK_LEAKS_KEY, LeakHooks
-from .plugin_special import TARGET_ENV, SpecialChildHooks, SpecialHooks, is_special, runs_here
+from .plugin_special import (
+    SpecialChildHooks,
+    SpecialHooks,
+    SpecialTargetHooks,
+    is_special,
+    relay_warnings,
+    reports_to_parent,
+    runs_here,
+    special_basetemp,
+    special_target,
+)
 from .plugin_spmd import SpmdHooks
 from .recorder import Recorder, distpatch
 from .spec import MultirankSpec, SpecError, parse_multirank
@@ -168,6 +178,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MULTIRANK_HELP)
     config.addinivalue_line("markers", SPECIAL_HELP)
@@ -175,6 +186,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.is_blocked("ddphooks"):
         return
     if not config.pluginmanager.has_plugin("ddphooks-session"):
+        basetemp = special_basetemp()
+        if basetemp is not None:
+            config.option.basetemp = basetemp
         hooks = DdpHooks(config)
         hooks.preload()
         config.pluginmanager.register(hooks, "ddphooks-session")
@@ -185,8 +199,11 @@ def pytest_configure(config: pytest.Config) -> None:
         guard = LeakGuard(own_processes=hooks.own_processes)
         config.pluginmanager.register(LeakHooks(config, guard), "ddphooks-leaks")
         config.pluginmanager.register(SpecialHooks(config, hooks.folder, hooks.special_limit), "ddphooks-special")
-        if TARGET_ENV in os.environ:
-            config.pluginmanager.register(SpecialChildHooks(config), "ddphooks-special-child")
+        target = special_target()
+        if target is not None:
+            config.pluginmanager.register(SpecialTargetHooks(target), "ddphooks-special-target")
+            if reports_to_parent():
+                config.pluginmanager.register(SpecialChildHooks(config), "ddphooks-special-child")
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -457,6 +474,7 @@ class DdpHooks:
             payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL),
         )
         report = run_job(self.launcher, job)
+        relay_warnings(item, [w for _, res in sorted(report.results.items()) for w in res.warnings])
         verdict = decide(report)
         capture = self.config.getoption("capture", "fd")
         for r, (out, err) in sorted(report.outputs.items()):

@@ -1,7 +1,10 @@
 """The leak guard's pytest hooks: snapshot before setup, compare after teardown, clean, report.
 
 A special test's own interpreter ends with it, as a rank process does: only a process it
-started, which would outlive it, is its leak there.
+started, which would outlive it, is its leak there. So does a session that a launcher
+started as another rank (Lightning's DDP launcher runs the command line again for rank 1):
+there a leaked process is killed with a warning, never a failure, since that launcher
+takes a rank's failing exit status as the job's failure and kills every rank.
 
 What a fixture of wider scope (module, class, package, session) creates during a test's
 setup is not that test's leak: it is checked when that scope ends, and reported then in the
@@ -17,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from .leaks import DEFAULT_ALLOW, Allowlist, Leak, LeakGuard, Snapshot
+from . import spmd
+from .leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot
 from .plugin_special import is_special, runs_here
 
 BEFORE_KEY = pytest.StashKey[Snapshot]()
@@ -47,8 +51,27 @@ class _Pending:
     leaks: list[Leak]
 
 
-def _same(a: Leak, b: Leak) -> bool:
-    return (a.kind, a.key, a.ref) == (b.kind, b.key, b.ref)
+def describe(head: str, outcomes: list[Outcome], cleaned_words: str = "cleaned up before the next test") -> list[str]:
+    """One line per leak under what was done: cleaned up, or left as it is and why."""
+    cleaned = [o for o in outcomes if o.cleaned]
+    left = [o for o in outcomes if not o.cleaned]
+    lines = []
+    if cleaned:
+        lines.append(f"{head} ({cleaned_words}):")
+        lines.extend(f"  {o.leak}" for o in cleaned)
+    if left:
+        lines.append(f"{head} what could not be cleaned up safely (left as it is):")
+        lines.extend(f"  {o.leak}: {o.how}" for o in left)
+    return lines
+
+
+def _holders(item: pytest.Item) -> list[Any]:
+    """Where a finished test's failure may still be kept: the item and its stash."""
+    # the fixture values pytest drops right after teardown: drop them now, or what they
+    # hold would be judged a leak although nothing keeps it a moment later
+    if isinstance(getattr(item, "funcargs", None), dict):
+        item.funcargs = {}  # type: ignore[attr-defined]
+    return [item, getattr(item.stash, "_storage", {})]
 
 
 class LeakHooks:
@@ -59,11 +82,12 @@ class LeakHooks:
         if self.mode not in ("fail", "warn", "off"):
             raise pytest.UsageError(f"ddp_leaks={self.mode!r}: use fail, warn or off")
         try:
-            self.allow = Allowlist(DEFAULT_ALLOW).extended(config.getini("ddp_leaks_allow"))
+            self.allow = Allowlist(singletons=True).extended(config.getini("ddp_leaks_allow"))
         except ValueError as exc:
             raise pytest.UsageError(f"ini ddp_leaks_allow: {exc}") from None
         self.pending: list[_Pending] = []
         self.session_report: list[str] = []
+        self.relaunched = spmd.relaunched_rank() is not None
 
     def _allow_for(self, item: pytest.Item) -> Allowlist | None:
         """The allowlist of one test, or None when its marker allows everything."""
@@ -117,25 +141,26 @@ class LeakHooks:
 
     def _check(self, item: pytest.Item) -> None:
         before = item.stash.get(BEFORE_KEY, None)
-        rank_leaks = item.stash.get(RANK_LEAKS_KEY, [])
+        # processes a rank left: the rank's launcher has killed them already
+        rank_leaks = [Outcome(lk, True, "killed") for lk in item.stash.get(RANK_LEAKS_KEY, [])]
         if before is None:
-            self._report(item, rank_leaks, [], None)
+            self._report(item, rank_leaks, [])
             return
         leaks = self.guard.find(before)
-        if is_special(item) and runs_here(item):
+        if self.relaunched or (is_special(item) and runs_here(item)):
             # this interpreter ends with the test: what dies with it (its groups, threads,
             # sockets, environment) is no leak; a process it started would outlive it
             leaks = [lk for lk in leaks if lk.kind == "process"]
         after_setup = item.stash.get(AFTER_SETUP_KEY, None)
         if after_setup is not None:
             made_in_setup = self.guard.find(before, after_setup)
-            owned = [lk for lk in leaks if any(_same(lk, m) for m in made_in_setup)]
+            owned = [lk for lk in leaks if any(lk.same(m) for m in made_in_setup)]
             if owned:
                 fixtures = item.stash[SCOPED_KEY]
                 nodes = [self._scope_node(item, fd.scope) for fd in fixtures]
                 owner = "fixture " + ", ".join(f"{fd.argname!r} ({fd.scope} scope)" for fd in fixtures)
                 self.pending.append(_Pending(nodes, owner, item.nodeid, before, owned))
-                leaks = [lk for lk in leaks if not any(_same(lk, o) for o in owned)]
+                leaks = [lk for lk in leaks if not any(lk.same(o) for o in owned)]
         if leaks and type(item).__name__ == "TestCaseFunction" and item.parent is not None:
             # a unittest class keeps what setUp/setUpClass made for all its tests (torch's
             # MultiProcContinuousTest spawns its workers in the first setUp): judged when the
@@ -143,10 +168,20 @@ class LeakHooks:
             owner = f"unittest class {item.parent.name}"
             self.pending.append(_Pending([item.parent], owner, item.nodeid, before, leaks))
             leaks = []
+        allow = self._allow_for(item)
+        own = [lk for lk in leaks if allow is not None and not allow.allows(lk)]
+        if own:
+            own = self.guard.settle(before, own, holders=_holders(item))
         ended = self._ended_scopes(item)
-        self._report(item, rank_leaks + leaks, ended, before)
+        self._report(item, rank_leaks + self.guard.clean(own, before), ended)
 
-    def _ended_scopes(self, item: pytest.Item) -> list[tuple[_Pending, list[Leak]]]:
+    def _still(self, entry: _Pending) -> list[Leak]:
+        """What a wider-scoped fixture made and is still there, not allowed, once settled."""
+        still = [lk for lk in self.guard.find(entry.before) if any(lk.same(o) for o in entry.leaks)]
+        still = [lk for lk in still if not self.allow.allows(lk)]
+        return self.guard.settle(entry.before, still)
+
+    def _ended_scopes(self, item: pytest.Item) -> list[tuple[_Pending, list[Outcome]]]:
         stack = getattr(item.session, "_setupstate", None)
         live = getattr(stack, "stack", None)
         out = []
@@ -154,52 +189,22 @@ class LeakHooks:
             if live is not None and any(node in live for node in entry.nodes):
                 continue
             self.pending.remove(entry)
-            still = [lk for lk in self.guard.find(entry.before) if any(_same(lk, o) for o in entry.leaks)]
+            still = self._still(entry)
             if still:
-                out.append((entry, still))
+                out.append((entry, self.guard.clean(still, entry.before)))
         return out
 
-    def _report(
-        self,
-        item: pytest.Item,
-        leaks: list[Leak],
-        ended: list[tuple[_Pending, list[Leak]]],
-        before: Snapshot | None,
-    ) -> None:
+    def _report(self, item: pytest.Item, outcomes: list[Outcome], ended: list[tuple[_Pending, list[Outcome]]]) -> None:
         if self.mode == "off":
             return
-        allow = self._allow_for(item)
-        own = [lk for lk in leaks if allow is not None and not allow.allows(lk)]
-        # allowed things are long-lived on purpose: they are left alone, not cleaned
-        problems: list[str] = []
-        if before is not None and any(lk.kind == "group" for lk in own):
-            # a group owns sockets (its store, gloo's pairs): destroy it, then see what is left
-            problems.extend(self.guard.clean([lk for lk in own if lk.kind == "group"], before))
-            still_open = {lk.key for lk in self.guard.find(before) if lk.kind == "socket"}
-            own = [lk for lk in own if lk.kind != "socket" or lk.key in still_open]
-        if before is not None:
-            rest = [lk for lk in own if lk.kind != "group" and (lk.ref or lk.kind != "process")]
-            problems.extend(self.guard.clean(rest, before))
-        scoped_lines = []
-        for entry, still in ended:
-            still = [lk for lk in still if not self.allow.allows(lk)]
-            if not still:
-                continue
-            problems.extend(self.guard.clean(still, entry.before))
-            scoped_lines.append(
-                f"{entry.owner}, set up for {entry.test}, left behind when its scope ended (cleaned up):"
-            )
-            scoped_lines.extend(f"  {lk}" for lk in still)
-        if not (own or scoped_lines):
+        lines = describe(f"{item.nodeid} leaked", outcomes)
+        for entry, done in ended:
+            head = f"{entry.owner}, set up for {entry.test}, left behind when its scope ended"
+            lines.extend(describe(head, done, "cleaned up"))
+        if not lines:
             return
-        lines = []
-        if own:
-            lines.append(f"{item.nodeid} leaked (cleaned up before the next test):")
-            lines.extend(f"  {lk}" for lk in own)
-        lines.extend(scoped_lines)
-        lines.extend(f"  note: {p}" for p in problems)
         message = "\n".join(lines)
-        if self.mode == "fail":
+        if self.mode == "fail" and not self.relaunched:
             pytest.fail(message, pytrace=False)
         path, lineno, _ = item.reportinfo()
         warnings.warn_explicit(LeakWarning(message), LeakWarning, str(path), (lineno or 0) + 1)
@@ -208,16 +213,13 @@ class LeakHooks:
         if self.mode == "off":
             return
         for entry in self.pending:
-            still = [lk for lk in self.guard.find(entry.before) if any(_same(lk, o) for o in entry.leaks)]
-            still = [lk for lk in still if not self.allow.allows(lk)]
+            still = self._still(entry)
             if still:
-                self.guard.clean(still, entry.before)
-                self.session_report.append(
-                    f"{entry.owner}, set up for {entry.test}, left behind at the end of the session (cleaned up):"
-                )
-                self.session_report.extend(f"  {lk}" for lk in still)
+                done = self.guard.clean(still, entry.before)
+                head = f"{entry.owner}, set up for {entry.test}, left behind at the end of the session"
+                self.session_report.extend(describe(head, done, "cleaned up"))
         self.pending.clear()
-        if self.session_report and self.mode == "fail" and session.exitstatus == 0:
+        if self.session_report and self.mode == "fail" and not self.relaunched and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -3,29 +3,47 @@
 The parent replaces the test's run protocol: it starts ``python -m pytest`` on the test's
 file with the session's own options (minus what would collide: selection, xdist, the cache,
 the temporary and junit folders), restricted to this one test. The child relays each of its
-reports; the parent hands them to its own hooks, so the terminal summary, ``-rA``,
-``--junitxml``, ``--lf`` and xdist see them as they see any test. A child that crashes or
-hangs is reported as a failure with its exit status or stack and whatever it printed.
+reports and warnings; the parent hands them to its own hooks, so the terminal summary,
+the warnings summary, ``-rA``, ``--junitxml``, ``--lf`` and xdist see them as they see any
+test. A child that crashes or hangs is reported as a failure with its exit status or stack
+and whatever it printed; one that dies or lingers after its test is an error in teardown.
+
+Every process of the special test's tree (the interpreter, and a pytest it relaunches, as
+Lightning's launcher does for rank 1) runs that one test itself, with a temporary folder
+of its own. Only the interpreter the parent started reports to it, and its captured output
+is whatever it and every process it started printed while the test ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from typing import IO, Any
 
 import pytest
 from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
-from . import hangs
+from . import hangs, warning_relay
 from .launch.rendezvous import DIST_ENV
-from .special import IsolatedRun, run_isolated
+from .special import (
+    BASETEMP_ENV,
+    EXIT_GRACE,
+    MESSAGES_ENV,
+    PARENT_ENV,
+    PHASES,
+    STACKS_ENV,
+    IsolatedRun,
+    phase_output,
+    run_isolated,
+)
 
 TARGET_ENV = "DDPHOOKS_SPECIAL_NODEID"
 
@@ -34,15 +52,40 @@ def is_special(item: pytest.Item) -> bool:
     return item.get_closest_marker("special") is not None
 
 
+# the special test this process's tree exists for; kept as the process started, since the
+# channel variables are taken out of its environment
+_TARGET = os.environ.get(TARGET_ENV)
+
+
+def special_target() -> str | None:
+    """The node id of the special test this process's tree exists for, or None."""
+    return _TARGET
+
+
 def runs_here(item: pytest.Item) -> bool:
-    """True in the interpreter made for this very test."""
-    return os.environ.get(TARGET_ENV) == item.nodeid
+    """True in the interpreter made for this very test (and in a pytest it relaunches)."""
+    return item.nodeid == _TARGET
+
+
+def reports_to_parent() -> bool:
+    """True in the very interpreter the parent started for a special test."""
+    return MESSAGES_ENV in os.environ and os.environ.get(PARENT_ENV) == str(os.getppid())
+
+
+def special_basetemp() -> str | None:
+    """The temporary folder of a process of a special test's tree, or None outside one.
+    A pytest the test relaunches gets a fresh one: reusing its parent's would delete it."""
+    if _TARGET is None:
+        return None
+    if reports_to_parent() and os.environ.get(BASETEMP_ENV):
+        return os.environ[BASETEMP_ENV]
+    return tempfile.mkdtemp(prefix="basetemp-")
 
 
 def child_command(config: pytest.Config, item: pytest.Item, folder: str) -> list[str]:
     positional = {str(a) for a in (config.option.file_or_dir or [])}
     args = [a for a in config.invocation_params.args if str(a) not in positional]
-    args += [f"--rootdir={config.rootpath}", f"--basetemp={os.path.join(folder, 'basetemp')}", "--color=no"]
+    args += [f"--rootdir={config.rootpath}", "--color=no"]
     if config.pluginmanager.hasplugin("cacheprovider"):
         args += ["-o", f"cache_dir={os.path.join(folder, 'cache')}"]
     if config.inipath is not None and "-c" not in args:
@@ -58,6 +101,14 @@ def child_command(config: pytest.Config, item: pytest.Item, folder: str) -> list
         args += [f"--junit-xml={os.path.join(folder, 'junit.xml')}"]
     args.append(str(item.path))
     return [sys.executable, "-m", "pytest", *args]
+
+
+def relay_warnings(item: pytest.Item, wires: list[warning_relay.WireWarning]) -> None:
+    """Warnings another process caught for this test, once each, into this session's summary."""
+    for wire in warning_relay.unique(wires):
+        message = warning_relay.load(wire)
+        kwargs = {"warning_message": message, "when": "runtest", "nodeid": item.nodeid, "location": None}
+        item.ihook.pytest_warning_recorded.call_historic(kwargs=kwargs)
 
 
 def _report(
@@ -106,9 +157,9 @@ class SpecialHooks:
         env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}  # one plain process
         env.update({TARGET_ENV: item.nodeid, "TMPDIR": tmp})
         limit = self._limit(item)
-        run = run_isolated(
-            child_command(self.config, item, folder), env, str(self.config.invocation_params.dir), folder, limit
-        )
+        command = child_command(self.config, item, folder)
+        cwd = str(self.config.invocation_params.dir)
+        run = run_isolated(command, env, cwd, folder, limit, exit_grace=min(EXIT_GRACE, limit))
         reports = []
         for message in run.messages:
             if message.get("event") == "report":
@@ -116,79 +167,97 @@ class SpecialHooks:
                 if isinstance(rep, TestReport):
                     rep.nodeid = item.nodeid
                     reports.append(rep)
+        relay_warnings(item, [m["warning"] for m in run.messages if m.get("event") == "warning"])
         problem = self._problem(item, run, limit)
         if problem is not None:
-            sections = [
-                (f"Captured {name} of the special test's interpreter", text)
-                for name, text in (("stdout", run.stdout), ("stderr", run.stderr))
-                if text.strip()
-            ]
-            when = "call"
-            if not any(r.when == "setup" for r in reports):
-                reports.append(_report(item, "setup", "passed", "", [], 0.0))
-            reports = [r for r in reports if r.when == "setup"]
-            reports.append(_report(item, when, "failed", problem, sections, run.duration))
-            reports.append(_report(item, "teardown", "passed", "", [], 0.0))
-        import shutil
-
+            when, text = problem
+            sections = self._sections(run, folder)
+            if when == "teardown":
+                # the test's own reports stand; its interpreter's end is the teardown's error
+                reports = [r for r in reports if r.when != "teardown"]
+                reports.append(_report(item, "teardown", "failed", text, sections, 0.0))
+            else:
+                if not any(r.when == "setup" for r in reports):
+                    reports.append(_report(item, "setup", "passed", "", [], 0.0))
+                reports = [r for r in reports if r.when == "setup"]
+                reports.append(_report(item, "call", "failed", text, sections, run.duration))
+                reports.append(_report(item, "teardown", "passed", "", [], 0.0))
         shutil.rmtree(folder, ignore_errors=True)
         return reports
 
     @staticmethod
-    def _problem(item: pytest.Item, run: IsolatedRun, limit: float) -> str | None:
-        """Why the child's own reports are not the whole story, or None when they are."""
+    def _sections(run: IsolatedRun, folder: str) -> list[tuple[str, str]]:
+        """What the interpreter printed outside the test, and in each phase of it."""
+        sections = [
+            (f"Captured {name} of the special test's interpreter", text)
+            for name, text in (("stdout", run.stdout), ("stderr", run.stderr))
+            if text.strip()
+        ]
+        for when in PHASES:
+            out, err = phase_output(folder, when)
+            sections.extend(
+                (f"Captured {name} {when}", text) for name, text in (("stdout", out), ("stderr", err)) if text
+            )
+        return sections
+
+    @staticmethod
+    def _problem(item: pytest.Item, run: IsolatedRun, limit: float) -> tuple[str, str] | None:
+        """Why the child's own reports are not the whole story, and in which phase to say
+        so; None when they are."""
         for message in run.messages:
             if message.get("event") == "collect-error":
-                return "the special test's file failed to collect in its own interpreter:\n" + message.get(
+                return "call", "the special test's file failed to collect in its own interpreter:\n" + message.get(
                     "longrepr", ""
                 )
-        if run.timed_out:
-            lines = [
-                f"special test did not finish within {limit:g} s"
-                if run.started
-                else f"the special test's interpreter did not start the test within {limit:g} s",
-                "its interpreter was killed, with every process it started",
-            ]
-            if run.stacks is not None:
-                for thread in run.stacks.threads:
-                    frame = hangs.user_frame(thread)
-                    if frame is not None:
-                        lines.append(
-                            f"stuck at {hangs._rel(frame.path)}:{frame.line} in {frame.function}: {frame.source()}"
-                        )
-                        break
-                for thread in run.stacks.threads:
-                    lines.append("")
-                    lines.extend(hangs.format_stack(thread, f"thread 0x{thread.ident:x}"))
-            return "\n".join(lines)
-        whens = {m["report"].get("when") for m in run.messages if m.get("event") == "report"}
-        if "teardown" in whens:
-            return None
+        if run.timed_out or run.lingered:
+            if run.lingered:
+                head = f"the special test finished, but its interpreter did not end {run.exit_grace:g} s after it"
+            elif run.started:
+                head = f"special test did not finish within {limit:g} s"
+            else:
+                head = f"the special test's interpreter did not start the test within {limit:g} s"
+            text = [head, "its interpreter was killed, with every process it started", *_stack_lines(run)]
+            return ("teardown" if run.lingered else "call"), "\n".join(text)
+        if run.finished:
+            if run.ended_normally:
+                return None
+            return "teardown", "\n".join(
+                [f"the special test's interpreter died after the test: {run.describe_exit()}", *_exit_lines(run)]
+            )
         if not any(m.get("event") == "start" for m in run.messages) and run.code == 0:
-            return "the special test was not collected in its own interpreter (was it deselected there?)"
-        lines = [f"the special test's interpreter died: {run.describe_exit()}"]
-        fatal = hangs.fatal_error(run.stderr)
-        lines.extend(fatal)
-        if not fatal and run.stderr.strip():
-            tail = run.stderr.rstrip().splitlines()[-25:]
-            lines.append("last output on stderr:")
-            lines.extend("  " + ln for ln in tail)
-        return "\n".join(lines)
+            return "call", "the special test was not collected in its own interpreter (was it deselected there?)"
+        return "call", "\n".join([f"the special test's interpreter died: {run.describe_exit()}", *_exit_lines(run)])
 
 
-class SpecialChildHooks:
-    """Child side: run only the target test and write every report for the parent."""
+def _stack_lines(run: IsolatedRun) -> list[str]:
+    lines: list[str] = []
+    if run.stacks is None:
+        return lines
+    # faulthandler lists the main thread last: where the test itself is stuck comes first
+    for thread in reversed(run.stacks.threads):
+        frame = hangs.user_frame(thread)
+        if frame is not None:
+            lines.append(f"stuck at {hangs._rel(frame.path)}:{frame.line} in {frame.function}: {frame.source()}")
+            break
+    for thread in run.stacks.threads:
+        lines.append("")
+        lines.extend(hangs.format_stack(thread, f"thread 0x{thread.ident:x}"))
+    return lines
 
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-        self.target = os.environ[TARGET_ENV]
-        self._out: IO[str] = open(os.environ["DDPHOOKS_CHILD_MESSAGES"], "a", encoding="utf-8")  # noqa: SIM115
-        self._stacks = open(os.environ["DDPHOOKS_CHILD_STACKS"], "w")  # noqa: SIM115
-        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True, chain=False)
 
-    def _write(self, message: dict[str, Any]) -> None:
-        self._out.write(json.dumps(message) + "\n")
-        self._out.flush()
+def _exit_lines(run: IsolatedRun) -> list[str]:
+    lines = hangs.fatal_error(run.stderr)
+    if not lines and run.stderr.strip():
+        lines.append("last output on stderr:")
+        lines.extend("  " + ln for ln in run.stderr.rstrip().splitlines()[-25:])
+    return lines
+
+
+class SpecialTargetHooks:
+    """In every process of a special test's tree: collect that one test only."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -197,6 +266,78 @@ class SpecialChildHooks:
         if drop:
             config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+class SpecialChildHooks:
+    """In the interpreter the parent started: write every report, warning and, phase by
+    phase, what was printed (crash-safe, in files) for the parent."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.target = special_target()
+        # the channel is this interpreter's alone: processes it starts must not inherit it
+        messages, stacks = os.environ.pop(MESSAGES_ENV), os.environ.pop(STACKS_ENV)
+        os.environ.pop(PARENT_ENV, None)
+        os.environ.pop(BASETEMP_ENV, None)
+        self.folder = os.path.dirname(messages)
+        self.capture = config.getoption("capture", "fd") != "no"
+        self._out: IO[str] = open(messages, "a", encoding="utf-8")  # noqa: SIM115
+        self._stacks = open(stacks, "w")  # noqa: SIM115
+        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True, chain=False)
+
+    def _write(self, message: dict[str, Any]) -> None:
+        self._out.write(json.dumps(message) + "\n")
+        self._out.flush()
+
+    @contextlib.contextmanager
+    def _phase(self, item: pytest.Item, when: str) -> Iterator[None]:
+        """Descriptors 1 and 2 into this phase's files while it runs: what the test prints
+        (pytest tees it there) and what any process it starts prints."""
+        if item.nodeid != self.target or not self.capture:
+            yield
+            return
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        saved = [os.dup(1), os.dup(2)]
+        files = [
+            os.open(os.path.join(self.folder, f"{when}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            for ext in ("out", "err")
+        ]
+        os.dup2(files[0], 1)
+        os.dup2(files[1], 2)
+        try:
+            yield
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in (*saved, *files):
+                os.close(fd)
+            out, err = phase_output(self.folder, when)
+            # in place of pytest's own sys-level capture of this phase: the same text and more
+            sections = getattr(item, "_report_sections", None)
+            if isinstance(sections, list):
+                sections[:] = [sec for sec in sections if not (sec[0] == when and sec[1] in ("stdout", "stderr"))]
+                item.add_report_section(when, "stdout", out)
+                item.add_report_section(when, "stderr", err)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        with self._phase(item, "setup"):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        with self._phase(item, "call"):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        with self._phase(item, "teardown"):
+            return (yield)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -210,6 +351,11 @@ class SpecialChildHooks:
         if report.nodeid == self.target:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
             self._write({"event": "report", "report": data})
+
+    def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: Any) -> None:
+        # collection warnings the parent saw itself when it collected the same file
+        if when == "runtest" and nodeid == self.target:
+            self._write({"event": "warning", "warning": warning_relay.dump(warning_message)})
 
     def pytest_unconfigure(self) -> None:
         faulthandler.unregister(signal.SIGUSR1)

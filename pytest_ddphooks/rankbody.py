@@ -19,7 +19,9 @@ import pytest
 from _pytest._code import ExceptionInfo
 from _pytest._io import TerminalWriter
 from _pytest.outcomes import Exit, Skipped, XFailed
+from _pytest.warnings import catch_warnings_for_item
 
+from . import warning_relay
 from .launch.job import Job, RankResult
 from .launch.rank import RankContext
 from .rankfixtures import RankFixtures
@@ -63,13 +65,35 @@ def _render(item: pytest.Function, exc: BaseException, markup: bool) -> tuple[st
     return buf.getvalue(), message, location
 
 
+class _WarningLog:
+    """Stands in for the item's hook proxy: pytest's warning capture reports to it, and
+    nothing reaches plugins of the forked session (an xdist worker's channel among them)."""
+
+    def __init__(self) -> None:
+        self.caught: list[warning_relay.WireWarning] = []
+        self.pytest_warning_recorded = self
+
+    def call_historic(self, kwargs: dict[str, Any]) -> None:
+        self.caught.append(warning_relay.dump(kwargs["warning_message"]))
+
+
 def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
-    global in_rank
-    in_rank = True
+    """The test body on this rank, under the warning filters pytest would apply to it;
+    the warnings it raised travel back with its result."""
+    log = _WarningLog()
     payload: ItemPayload = pickle.loads(job.payload)
     item = _items.get(payload.nodeid)
     if item is None:
         raise LookupError(f"the rank launcher does not know the test {payload.nodeid!r}")
+    with catch_warnings_for_item(item.config, log, "runtest", item):
+        result = _run_body(item, payload, ctx)
+    result.warnings = warning_relay.unique(log.caught)
+    return result
+
+
+def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> RankResult:
+    global in_rank
+    in_rank = True
     started = time.monotonic()
     node_dir = payload.node_dirs[ctx.node_rank] if payload.node_dirs else None
     builtins: dict[str, Any] = {"rank": ctx.rank, "recorder": ctx.recorder}

@@ -2,9 +2,14 @@
 
 The child is a new Python process in a session of its own (so its whole tree can be
 killed), with its output in files. It reports through a file of JSON lines that it appends
-to as it goes: a line when the test starts, one per test report. The watchdog gives the
-interpreter time to start and collect, then holds the test to its limit; on time-out the
-child's stacks are dumped (faulthandler on SIGUSR1) and its process tree killed.
+to as it goes: a line when the test starts, one per test report or warning. Only that
+interpreter writes there: a process the test starts that runs pytest again (a launcher
+relaunching its own command line for another rank) is an ordinary child of it.
+
+The watchdog gives the interpreter time to start and collect, then holds the test to its
+limit, and once the test's last report is in, gives the interpreter ``EXIT_GRACE`` seconds
+to end. On time-out the child's stacks are dumped (faulthandler on SIGUSR1) and its process
+tree killed.
 """
 
 from __future__ import annotations
@@ -23,6 +28,13 @@ from .launch import zygote
 from .launch.job import read_text
 
 STARTUP_LIMIT = 120.0  # seconds to start an interpreter and collect one test file
+EXIT_GRACE = 30.0  # seconds to end the interpreter once the test's last report is in
+# what the parent tells its child: where to write, and whose child it must be
+MESSAGES_ENV = "DDPHOOKS_CHILD_MESSAGES"
+STACKS_ENV = "DDPHOOKS_CHILD_STACKS"
+PARENT_ENV = "DDPHOOKS_CHILD_PARENT"
+BASETEMP_ENV = "DDPHOOKS_CHILD_BASETEMP"
+PHASES = ("setup", "call", "teardown")
 
 
 @dataclass
@@ -32,6 +44,8 @@ class IsolatedRun:
     signal: int | None = None
     timed_out: bool = False
     started: bool = False
+    lingered: bool = False  # the test had finished, the interpreter did not end
+    exit_grace: float = EXIT_GRACE
     stacks: Stacks | None = None
     stdout: str = ""
     stderr: str = ""
@@ -44,6 +58,21 @@ class IsolatedRun:
             except ValueError:
                 return f"killed by signal {self.signal}"
         return f"exit code {self.code}"
+
+    @property
+    def finished(self) -> bool:
+        """The test's teardown report came in."""
+        return any(m.get("event") == "report" and m["report"].get("when") == "teardown" for m in self.messages)
+
+    @property
+    def ended_normally(self) -> bool:
+        """pytest's own exit codes for a session that ran: tests passed (0) or failed (1)."""
+        return self.signal is None and self.code in (0, 1)
+
+
+def phase_output(folder: str, when: str) -> tuple[str, str]:
+    """What the test's interpreter, and every process it started, printed during a phase."""
+    return read_text(os.path.join(folder, f"{when}.out")), read_text(os.path.join(folder, f"{when}.err"))
 
 
 def _read_messages(path: str) -> list[dict[str, Any]]:
@@ -79,20 +108,23 @@ def run_isolated(
     folder: str,
     limit: float,
     startup_limit: float = STARTUP_LIMIT,
+    exit_grace: float = EXIT_GRACE,
 ) -> IsolatedRun:
     """Run ``command`` (a pytest child) with its files in ``folder``; ``limit`` is the
     test's own time limit, counted from the child's "start" message."""
     messages = os.path.join(folder, "messages.jsonl")
     stacks = os.path.join(folder, "stacks.txt")
-    env = {**env, "DDPHOOKS_CHILD_MESSAGES": messages, "DDPHOOKS_CHILD_STACKS": stacks}
+    basetemp = os.path.join(folder, "basetemp")
+    env = {**env, MESSAGES_ENV: messages, STACKS_ENV: stacks, PARENT_ENV: str(os.getpid()), BASETEMP_ENV: basetemp}
     out_path, err_path = os.path.join(folder, "stdout.txt"), os.path.join(folder, "stderr.txt")
     began = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(
             command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
         )
-    run = IsolatedRun()
+    run = IsolatedRun(exit_grace=exit_grace)
     deadline = began + startup_limit
+    lingering = False
     try:
         while True:
             try:
@@ -101,11 +133,17 @@ def run_isolated(
                 status = None
             if status is not None:
                 break
-            if not run.started and any(m.get("event") == "start" for m in _read_messages(messages)):
+            if not lingering:
+                run.messages = _read_messages(messages)
+            if not run.started and any(m.get("event") == "start" for m in run.messages):
                 run.started = True
                 deadline = time.monotonic() + limit
+            if run.started and not lingering and run.finished:
+                lingering = True
+                deadline = min(deadline, time.monotonic() + exit_grace)
             if time.monotonic() >= deadline:
-                run.timed_out = True
+                run.lingered = lingering
+                run.timed_out = not lingering
                 run.stacks = dump_stacks({0: (proc.pid, stacks)})[0]
                 _kill_session(proc.pid)
                 proc.wait()

@@ -29,6 +29,18 @@ def launched() -> bool:
     return all(name in os.environ for name in (*ENV_MARKERS, "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def relaunched_rank() -> int | None:
+    """This session's rank when a launcher other than torchrun started it as another rank of
+    a job (Lightning's DDP launcher runs the command line again with LOCAL_RANK=1), else None."""
+    if launched():
+        return None
+    for name in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
 class RanksMissing(Exception):
     def __init__(self, what: str, missing: list[int], waited: float) -> None:
         who = ", ".join(str(r) for r in missing)

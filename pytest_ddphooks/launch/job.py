@@ -46,6 +46,7 @@ class RankResult:
     leaks: list[tuple[int, str]] = field(default_factory=list)  # (pid, command) left running, killed
     harness_error: bool = False  # the failure came from setting the rank up, not the body
     extra: dict[str, Any] = field(default_factory=dict)
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # warning_relay's wire form
 
     def write(self, path: str) -> None:
         tmp = path + ".tmp"

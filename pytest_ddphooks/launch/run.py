@@ -59,9 +59,7 @@ def _events(job: Job) -> dict[int, list[RawEvent]]:
     return {r: list(read_raw(job.path(r, "events"))) for r in range(job.world_size)}
 
 
-def run_job(
-    launcher: Launcher, job: Job, *, grace: float = 1.0, desync_poll: float = DESYNC_POLL_SECONDS
-) -> RunReport:
+def run_job(launcher: Launcher, job: Job, *, grace: float = 1.0, desync_poll: float = DESYNC_POLL_SECONDS) -> RunReport:
     started = time.monotonic()
     pids = launcher.spawn(job)
     report = RunReport(job, pids)
@@ -112,6 +110,8 @@ def run_job(
             report.stopped[r] = stop_reason
         for ex in launcher.kill(job.test_id):
             report.exits.setdefault(ex.rank, ex)
+            if not ex.by_harness and (ex.signal is not None or ex.code != 0):
+                report.stopped.pop(ex.rank, None)  # it died on its own before it was stopped
         for r in live:
             late = RankResult.read(job.path(r, "result"))
             if late is not None:

@@ -67,6 +67,16 @@ def descendants_of(pid: int) -> list[int]:
     return found
 
 
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child nobody reaped yet is not running)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
 def command_line(pid: int, settle: bool = False) -> str:
     """The command line of a process. With ``settle``, a process caught between fork and
     exec (its command line still empty) gets up to 100 ms to become what it will run."""
@@ -106,11 +116,14 @@ class RankExit:
     pid: int
     code: int | None
     signal: int | None
+    by_harness: bool = False  # killed by the harness while it still ran, not ended on its own
 
     @classmethod
-    def from_status(cls, rank: int, pid: int, status: int) -> RankExit:
+    def from_status(cls, rank: int, pid: int, status: int, by_harness: bool = False) -> RankExit:
         code = os.waitstatus_to_exitcode(status)
-        return cls(rank, pid, None, -code) if code < 0 else cls(rank, pid, code, None)
+        if code < 0:
+            return cls(rank, pid, None, -code, by_harness)
+        return cls(rank, pid, code, None, by_harness)
 
     def describe(self) -> str:
         if self.signal is not None:
@@ -398,6 +411,8 @@ class _Zygote:
     def _kill_run(self, test_id: str) -> None:
         run = self.runs.get(test_id)
         if run is not None:
+            # a rank that ended on its own just before (its framework killed it) is a death
+            running = {pid for pid in run.pids if is_running(pid)}
             victims = set(run.pids)
             for pid in run.pids:
                 victims.update(descendants_of(pid))
@@ -410,7 +425,8 @@ class _Zygote:
                     with contextlib.suppress(ChildProcessError):
                         _, status = os.waitpid(pid, 0)
                         test, rank = self.rank_of.pop(pid)
-                        protocol.send(self.sock, ("exited", test, RankExit.from_status(rank, pid, status)))
+                        ended = RankExit.from_status(rank, pid, status, by_harness=pid in running)
+                        protocol.send(self.sock, ("exited", test, ended))
         self._sweep()
         protocol.send(self.sock, ("killed", test_id))
 

@@ -1,0 +1,180 @@
+"""Things libraries create once per process by design: never a test's leak.
+
+Each entry is recognised as precisely as the library allows: by the object that owns it
+(fsspec's loop thread is ``fsspec.asyn.iothread[0]``; inductor's compile workers belong to
+the executor ``AsyncCompile.pool()`` returns), by its class, or by a name or command line
+only where nothing better exists. The README lists them; ``ddp_leaks_allow`` and the
+``ddp_allow_leaks`` marker add a project's own.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .launch import zygote
+
+if TYPE_CHECKING:
+    from .leaks import Leak
+
+
+@dataclass(frozen=True)
+class Singleton:
+    kind: str  # "thread", "process", ...
+    what: str  # the words the README uses
+    pattern: str = ""  # a glob on the leak's key (thread name, command line)
+    owned: Callable[[Any], bool] | None = None  # given the live object (a thread), True when it is this
+
+    def matches(self, leak: Leak, obj: Any = None) -> bool:
+        if leak.kind != self.kind:
+            return False
+        if self.pattern and fnmatch.fnmatchcase(leak.key, self.pattern):
+            return True
+        return self.owned is not None and obj is not None and self.owned(obj)
+
+
+def _module(name: str) -> Any:
+    return sys.modules.get(name)
+
+
+def _fsspec_loop(t: threading.Thread) -> bool:
+    asyn = _module("fsspec.asyn")
+    if asyn is None:
+        return False
+    holder = getattr(asyn, "iothread", None)
+    return bool(holder) and holder[0] is t
+
+
+def _cached(fn: Any) -> Any:
+    """The value an lru_cache'd zero-argument function holds, without creating one."""
+    info = getattr(fn, "cache_info", None)
+    if info is None or info().currsize == 0:
+        return None
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _executor_of(t: threading.Thread) -> Any:
+    """The concurrent.futures executor a worker or manager thread serves, or None."""
+    ref = getattr(t, "executor_reference", None)  # ProcessPoolExecutor's manager thread
+    if ref is None:
+        args = getattr(t, "_args", ())
+        ref = args[0] if args else None  # ThreadPoolExecutor's workers get a weakref to it
+    try:
+        return ref() if callable(ref) else None
+    except Exception:
+        return None
+
+
+def _inductor_compile_pool(t: threading.Thread) -> bool:
+    module = _module("torch._inductor.async_compile")
+    if module is None:
+        return False
+    pools = getattr(module, "AsyncCompile", None)
+    if pools is None:
+        return False
+    owner = _executor_of(t)
+    if owner is not None:
+        return any(owner is _cached(getattr(pools, name, None)) for name in ("pool", "process_pool"))
+    # the subprocess pool's reader of its worker's answers
+    target = getattr(t, "_target", None)
+    return getattr(target, "__module__", "").startswith("torch._inductor.compile_worker")
+
+
+def _tqdm_monitor(t: threading.Thread) -> bool:
+    monitor = _module("tqdm._monitor")
+    cls = getattr(monitor, "TMonitor", None)
+    return cls is not None and isinstance(t, cls)
+
+
+def _rerunfailures_server(t: threading.Thread) -> bool:
+    target = getattr(t, "_target", None)
+    return getattr(target, "__module__", None) == "pytest_rerunfailures" and getattr(
+        target, "__qualname__", ""
+    ).startswith("ServerStatusDB.")
+
+
+KNOWN: tuple[Singleton, ...] = (
+    Singleton("thread", "this plugin's own helper threads", pattern="ddphooks*"),
+    Singleton("thread", "pytest-timeout's timer thread (--timeout-method=thread)", pattern="pytest_timeout *"),
+    Singleton(
+        "thread",
+        "multiprocessing's feeder thread of a Queue (it ends when the queue is collected)",
+        pattern="QueueFeederThread",
+    ),
+    Singleton("thread", "fsspec's IO event loop thread 'fsspecIO' (one per process)", owned=_fsspec_loop),
+    Singleton(
+        "thread",
+        "torch inductor's compile pool: the workers of AsyncCompile.pool() / process_pool() (one per process)",
+        owned=_inductor_compile_pool,
+    ),
+    Singleton(
+        "thread",
+        "pytest-rerunfailures' status server for xdist (one per pytest session, with its socket)",
+        owned=_rerunfailures_server,
+    ),
+    Singleton("thread", "tqdm's monitor thread TMonitor (one per process)", owned=_tqdm_monitor),
+    Singleton("process", "multiprocessing's resource tracker", pattern="*multiprocessing.resource_tracker*"),
+    Singleton("process", "multiprocessing's fork server and what it forks", pattern="*multiprocessing.forkserver*"),
+    Singleton("process", "torch inductor's compile worker processes", pattern="*torch._inductor.compile_worker*"),
+)
+
+
+def _relaunch_of_this_session(pid: Any) -> bool:
+    """A pytest running this session's own command line again: another rank of a job whose
+    launcher relaunches the script (Lightning's DDP launcher does, for rank 1 and up)."""
+    command = zygote.command_line(int(pid))
+    return "pytest" in command and command.startswith(sys.executable) and command.endswith(" ".join(sys.argv[1:]))
+
+
+def _lightning_child_observer(t: Any) -> bool:
+    cls = type(t)
+    return cls.__name__ == "_ChildProcessObserver" and cls.__module__.endswith("launchers.subprocess_script")
+
+
+@dataclass(frozen=True)
+class SlowToEnd:
+    kind: str
+    what: str
+    owned: Callable[[Any], bool]  # given the pid or the thread
+    seconds: float
+
+
+# Not singletons: things a test leaves that end by themselves, given time. Their end is
+# waited for, up to ``seconds``, before they are judged.
+SLOW_TO_END: tuple[SlowToEnd, ...] = (
+    SlowToEnd(
+        "process",
+        "another rank of this session's command line, relaunched by a launcher, ending its own session",
+        _relaunch_of_this_session,
+        30.0,
+    ),
+    SlowToEnd(
+        "thread",
+        "Lightning's _ChildProcessObserver, which looks at its ranks every 5 s and ends when they did",
+        _lightning_child_observer,
+        10.0,
+    ),
+)
+
+
+def patience(leak: Leak, obj: Any) -> float:
+    """How long a leaked process or thread may take to end by itself before it is judged."""
+    for entry in SLOW_TO_END:
+        if entry.kind == leak.kind and entry.owned(obj):
+            return entry.seconds
+    return 0.0
+
+
+def known(leak: Leak, obj: Any = None) -> Singleton | None:
+    """The process-wide singleton this leak is, or None."""
+    for entry in KNOWN:
+        if entry.matches(leak, obj):
+            return entry
+    return None

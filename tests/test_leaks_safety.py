@@ -1,0 +1,277 @@
+"""The leak guard in a real suite: it never corrupts what live code owns, never blames a test
+for what only its failure kept alive, and leaves process-wide singletons of libraries alone."""
+
+from __future__ import annotations
+
+import pytest
+
+GLOO_PAIR = """
+import socket
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+KEEP = []
+
+
+def gloo_pair(tmp_path):
+    # two ranks of one gloo group in one process: real sockets that only gloo owns
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    groups = [None, None]
+
+    def make(r):
+        groups[r] = dist.ProcessGroupGloo(store, r, 2, timedelta(seconds=30))
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return groups
+
+
+def use(groups):
+    works = [g.allreduce([torch.ones(2)]) for g in groups]
+    for w in works:
+        w.wait()
+"""
+
+
+def test_groups_held_by_a_failing_tests_frame_are_no_leak(pytester) -> None:
+    pytester.makepyfile(
+        test_frame=GLOO_PAIR
+        + """
+def test_fails_holding_groups(tmp_path):
+    groups = gloo_pair(tmp_path)
+    use(groups)
+    assert groups is None
+
+def test_next_one_fails_too():
+    assert 1 == 2
+
+def test_after():
+    pass
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2, passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.no_fnmatch_line("*leaked*")
+    result.stderr.no_fnmatch_line("*terminate called*")
+
+
+def test_groups_kept_in_a_module_global_are_reported_and_left_intact(pytester) -> None:
+    pytester.makepyfile(
+        test_global=GLOO_PAIR
+        + """
+def test_keeps_groups(tmp_path):
+    KEEP.extend(gloo_pair(tmp_path))
+
+def test_groups_still_work():
+    use(KEEP)  # the guard did not pull their sockets from under them
+
+def test_then_fails():
+    assert False
+
+def test_after():
+    KEEP.clear()
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, "the session ended normally, not by a signal"
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_keeps_groups*",
+            "test_global.py::test_keeps_groups leaked what could not be cleaned up safely (left as it is):",
+            "  socket listening on 127.0.0.1:* is still open: native code owns it (still referenced:"
+            " 2 ProcessGroupGloo objects): left open, as closing it from outside would crash that code",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*cleaned up before the next test*")
+    result.stderr.no_fnmatch_line("*terminate called*")
+
+
+def test_listening_socket_held_by_a_failing_test_is_no_leak(pytester) -> None:
+    pytester.makepyfile(
+        test_sock="""
+        import socket
+
+        def test_fails_while_listening():
+            server = socket.socket()
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            assert server.getsockname() is None
+
+        def test_after():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.no_fnmatch_line("*leaked*")
+
+
+def test_rerunfailures_stored_exception_is_no_leak(pytester) -> None:
+    pytest.importorskip("pytest_rerunfailures")
+    pytester.makepyfile(
+        test_rerun="""
+        import socket
+
+        def test_flaky_while_listening():
+            server = socket.socket()
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            assert server.getsockname() is None
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--reruns", "1")
+    assert result.parseoutcomes() == {"failed": 1, "rerun": 1}
+    result.stdout.no_fnmatch_line("*leaked*")
+
+
+KEPT = {
+    # a socket the module keeps is closed through its object, which then knows it is closed
+    "socket": (
+        """
+        import socket
+
+        KEEP = []
+
+        def test_keeps_it():
+            server = socket.socket()
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            KEEP.append(server)
+
+        def test_its_owner_sees_what_was_done():
+            assert KEEP[0].fileno() == -1
+        """,
+        "  socket listening on 127.0.0.1:* is still open",
+    ),
+    # a process is killed and left for its owner to reap: its Popen sees how it ended
+    "process": (
+        """
+        import signal
+        import subprocess
+
+        KEEP = []
+
+        def test_keeps_it():
+            KEEP.append(subprocess.Popen(["sleep", "300"]))
+
+        def test_its_owner_sees_what_was_done():
+            assert KEEP[0].wait(timeout=10) == -signal.SIGKILL
+        """,
+        "  process * is still running: sleep 300",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KEPT))
+def test_what_a_module_keeps_is_cleaned_through_its_owner(inner, kind: str) -> None:
+    source, line = KEPT[kind]
+    ran = inner(source, name="test_kept")
+    ran.result.assert_outcomes(passed=2, errors=1)
+    ran.lines("test_kept.py::test_keeps_it leaked (cleaned up before the next test):", line)
+
+
+def test_a_thread_that_ends_right_after_the_test_is_no_leak(pytester) -> None:
+    pytester.makepyfile(
+        test_winding="""
+        import threading
+
+        STOP = threading.Event()
+
+        def test_lets_a_worker_wind_down():
+            t = threading.Thread(target=STOP.wait, args=(0.2,), name="winding-down")
+            t.start()
+
+        def test_after():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    result.stdout.no_fnmatch_line("*leaked*")
+
+
+SINGLETONS = """
+import threading
+import pytest
+
+STOP = threading.Event()
+
+
+def test_fsspec_io_loop():
+    import fsspec.asyn
+
+    fsspec.asyn.get_loop()  # starts fsspec's one IO thread of the process
+    assert any(t.name == "fsspecIO" for t in threading.enumerate())
+
+
+def test_a_thread_only_named_like_it():
+    threading.Thread(target=STOP.wait, name="fsspecIO-impostor", daemon=True).start()
+
+
+def test_inductor_compile_pool():
+    import torch._inductor.config as config
+    from torch._inductor.async_compile import AsyncCompile
+
+    config.compile_threads = 2
+    assert AsyncCompile.pool().submit(lambda: 42).result() == 42
+
+
+def test_a_pool_of_the_tests_own():
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1)
+    pool.submit(STOP.wait).done()
+    POOLS.append(pool)
+
+
+POOLS = []
+
+
+def test_after():
+    STOP.set()
+    for pool in POOLS:
+        pool.shutdown()
+"""
+
+
+def test_library_singletons_are_not_leaks_and_look_alikes_are(pytester) -> None:
+    pytester.makepyfile(test_single=SINGLETONS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rE")
+    result.assert_outcomes(passed=5, errors=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "ERROR test_single.py::test_a_thread_only_named_like_it*",
+            "ERROR test_single.py::test_a_pool_of_the_tests_own*",
+            "  daemon thread 'fsspecIO-impostor' (target threading.Event.wait) is still running:*",
+            "  *thread 'ThreadPoolExecutor-*' (target concurrent.futures.thread._worker) is still running:*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*test_fsspec_io_loop leaked*")
+    result.stdout.no_fnmatch_line("*test_inductor_compile_pool leaked*")
+
+
+def test_tqdm_monitor_is_not_a_leak(pytester) -> None:
+    pytest.importorskip("tqdm")
+    pytester.makepyfile(
+        test_bar="""
+        import time
+        from tqdm import tqdm
+
+        def test_progress_bar():
+            tqdm.monitor_interval = 1
+            for _ in tqdm(range(3)):
+                time.sleep(0.01)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*leaked*")

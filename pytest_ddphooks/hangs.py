@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from .recorder import collectives, events
+from .recorder.clocks import collective_key
 
 if TYPE_CHECKING:
     from .launch.job import Job
@@ -185,7 +186,7 @@ def _main_stack(stacks: Stacks | None, main_ident: int | None) -> ThreadStack | 
 
 def _open_collective(spans: list[Span]) -> Span | None:
     for s in reversed(spans):
-        if s.kind in (events.COLLECTIVE, events.P2P) and s.start.lane == 0:
+        if s.kind in (events.COLLECTIVE, events.P2P, events.WAIT) and s.start.lane == 0:
             return s
     return None
 
@@ -195,7 +196,7 @@ def stuck_in_desync(timeline: Timeline) -> tuple[object, ...] | None:
     with how many events those ranks had recorded (to tell a stuck state from progress);
     None when there is none."""
     for m in timeline.collective_mismatches():
-        inst = timeline.instances.get(("c", m.group, m.seq))
+        inst = timeline.instances.get(("c", m.group, m.seq))  # mismatches are of collectives
         if inst is None or inst.ends or len(inst.starts) < 2:
             continue
         counts = tuple(len(timeline.for_rank(r)) for r in sorted(inst.starts))
@@ -239,16 +240,17 @@ def rank_status(report: RunReport, rank: int, now_ns: int) -> list[str]:
         info = blocked.start.info
         op = info.get("op", blocked.name)
         waited = _seconds(max(now_ns - blocked.start.t_ns, 0))
-        if blocked.kind == events.P2P:
+        what = f"the wait of {op}" if blocked.kind == events.WAIT else op
+        if info.get("sync") in (collectives.SEND, collectives.RECV):
             peer = info.get("dst") if info.get("sync") == collectives.SEND else info.get("src")
-            lines.append(f"{head}blocked in {op} (peer {peer}) for {waited}{where}")
+            lines.append(f"{head}blocked in {what} (peer {peer}) for {waited}{where}")
         elif not info.get("effective", True):
             lines.append(f"{head}blocked in {op} without a process group for {waited}{where}")
         else:
             label = collectives.group_label(str(info.get("group")), info.get("ranks"))
-            lines.append(f"{head}blocked in {op} #{info.get('seq')} on {label} for {waited}{where}")
+            lines.append(f"{head}blocked in {what} #{info.get('seq')} on {label} for {waited}{where}")
             if timeline is not None:
-                inst = timeline.instances.get(("c", info.get("group"), info.get("seq")))
+                inst = timeline.instances.get(collective_key(info))
                 if inst is not None:
                     missing = [m for m in inst.members if m not in inst.starts]
                     if missing:

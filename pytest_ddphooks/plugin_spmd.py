@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from . import hangs
+from . import blobs, hangs
 from .launch.job import Job
 from .launch.run import RunReport
 from .leaks import destroy_groups
@@ -60,6 +60,7 @@ class SpmdHooks:
         self.plain_everywhere = (config.getoption("ddp_plain_tests") or config.getini("ddp_plain_tests")) == "all"
         self.deselected: list[str] = []
         self.generation = 0
+        self._exchanges = 0
         self.group_ok = False
         self.current: str | None = None
         self.ack: str | None = None  # set once rank 0 reported a hung rank's test
@@ -147,7 +148,14 @@ class SpmdHooks:
         self.group_ok = True
 
     def exchange(self, blob: bytes) -> list[bytes]:
-        return self.coord.all_gather("timeline", blob, self.start_timeout, "join recorder.timeline()")
+        self._exchanges += 1
+        prefix = f"timeline-data/{self._exchanges}"
+        chunks = blobs.put(self.coord.store, f"{prefix}/{self.rank}", blob)
+        counts = self.coord.all_gather("timeline", str(chunks).encode(), self.start_timeout, "join recorder.timeline()")
+        return [
+            blob if r == self.rank else blobs.get(self.coord.store, f"{prefix}/{r}", int(n))
+            for r, n in enumerate(counts)
+        ]
 
     def _missing(self, item: pytest.Item, exc: RanksMissing) -> None:
         message = f"{exc}; the run stops here"

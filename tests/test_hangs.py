@@ -307,7 +307,7 @@ def test_hangs_under_xdist(inner) -> None:
         def test_kind_{kind}(rank):
             dist.barrier()
             if rank == 1:
-                {code.replace('600', '613')}
+                {code.replace("600", "613")}
             dist.barrier()
         """
         for kind, (code, _) in sorted(HANGS.items())

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NoReturn
 
+from .. import blobs
 from ..recorder import Recorder
 from . import rendezvous, zygote
 from .job import Job, RankResult
@@ -86,12 +87,21 @@ def _apply_env(job: Job, rank: int, port: int) -> None:
 
 
 def _exchanger(store: Any, rank: int, world_size: int) -> Callable[[bytes], list[bytes]]:
+    """Every rank's blob (a recorder's events), through the run's store, whatever its size."""
     counter = itertools.count(1)
 
     def exchange(blob: bytes) -> list[bytes]:
         k = next(counter)
-        store.set(f"timeline/{k}/{rank}", blob)
-        return [blob if r == rank else bytes(store.get(f"timeline/{k}/{r}")) for r in range(world_size)]
+        chunks = blobs.put(store, f"timeline/{k}/{rank}", blob)
+        store.set(f"timeline/{k}/{rank}/n", str(chunks).encode())
+        out = []
+        for r in range(world_size):
+            if r == rank:
+                out.append(blob)
+            else:
+                n = int(bytes(store.get(f"timeline/{k}/{r}/n")))
+                out.append(blobs.get(store, f"timeline/{k}/{r}", n))
+        return out
 
     return exchange
 

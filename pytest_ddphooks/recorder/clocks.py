@@ -1,10 +1,13 @@
 """Happens-before from vector clocks over the recorded collectives; never from timestamps.
 
 Each (rank, thread) is a lane with its own program order. A completed collective adds edges
-from the entry ("start") of some members to the exit ("end") of others, as its kind implies
-(see ``collectives.OPS``). A collective the members disagree on, one a member never entered,
-one that raised, and the incoming side of an asynchronous call add no edge: the clocks only
-claim an order that a synchronisation really enforced.
+from the entry ("start") of some members to the completion of others, as its kind implies
+(see ``collectives.OPS``): the exit ("end") of a synchronous call, the end of the wait of an
+asynchronous one. Collectives are paired across ranks by their group's own sequence (see
+``Recorder.collective_seq``), so one the recorder could not see leaves a gap, never a shift.
+A collective the members disagree on, one a member never entered, one that raised, and an
+asynchronous call never waited add no edge: the clocks only claim an order that a
+synchronisation really enforced.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ class Instance:
     root: int | None = None
     starts: dict[int, Event] = field(default_factory=dict)
     ends: dict[int, Event] = field(default_factory=dict)
+    waits: dict[int, Event] = field(default_factory=dict)  # the end of each async member's wait
 
     @property
     def seq(self) -> int:
-        return int(self.key[2]) if self.key[0] == "c" else int(self.key[-1])
+        return int(self.key[2]) if self.key[0] in ("c", "m") else int(self.key[-1])
 
     @property
     def complete(self) -> bool:
@@ -49,8 +53,23 @@ class Instance:
 
     @property
     def errored(self) -> bool:
-        """Some member's call raised: the collective as a whole establishes nothing."""
-        return any("error" in e.info for e in self.ends.values())
+        """Some member's call (or wait) raised: the collective as a whole establishes nothing."""
+        return any("error" in e.info for e in (*self.ends.values(), *self.waits.values()))
+
+    def completion(self, rank: int) -> Event | None:
+        """Where the call completed on ``rank``: its end, or for an asynchronous call the end
+        of its wait; None when it did not (yet), or raised."""
+        end = self.ends.get(rank)
+        if end is None or "error" in end.info:
+            return None
+        if not end.info.get("async"):
+            return end
+        done = self.waits.get(rank)
+        return done if done is not None and "error" not in done.info else None
+
+    def never_waited(self) -> list[int]:
+        """Members whose asynchronous call returned and was never waited for."""
+        return sorted(r for r, e in self.ends.items() if e.info.get("async") and r not in self.waits)
 
     def label(self) -> str:
         if self.key[0] == "p":
@@ -58,39 +77,43 @@ class Instance:
         return f"{self.op} #{self.seq}"
 
     def edges(self) -> list[tuple[Event, list[Event]]]:
-        """(end event, the start events it waited for)."""
+        """(completion event, the start events it waited for)."""
         if self.sync == collectives.RECV:
             send = self.starts.get(self.key[2])
-            recv_end = self.ends.get(self.key[3])
-            if send is None or recv_end is None or not _effective_end(recv_end) or self.errored:
+            recv_done = self.completion(self.key[3])
+            if send is None or recv_done is None or self.errored:
                 return []
-            return [(recv_end, [send])]
+            return [(recv_done, [send])]
         if not self.complete or not self.consistent or self.errored:
             return []
         out: list[tuple[Event, list[Event]]] = []
         if self.sync == collectives.ALL:
             starts = [self.starts[m] for m in self.members]
-            for end in self.ends.values():
-                if _effective_end(end):
-                    out.append((end, starts))
+            for m in self.ends:
+                done = self.completion(m)
+                if done is not None:
+                    out.append((done, starts))
         elif self.sync == collectives.FROM_ROOT:
             root_start = self.starts.get(self.root) if self.root is not None else None
             if root_start is None:
                 return []
-            for m, end in self.ends.items():
-                if m != self.root and _effective_end(end):
-                    out.append((end, [root_start]))
+            for m in self.ends:
+                done = self.completion(m) if m != self.root else None
+                if done is not None:
+                    out.append((done, [root_start]))
         elif self.sync == collectives.TO_ROOT:
-            end = self.ends.get(self.root) if self.root is not None else None
-            if end is None or not _effective_end(end):
+            done = self.completion(self.root) if self.root is not None else None
+            if done is None:
                 return []
-            out.append((end, [self.starts[m] for m in self.members]))
+            out.append((done, [self.starts[m] for m in self.members]))
         return out
 
 
-def _effective_end(end: Event) -> bool:
-    # an async call's data lands at wait(), which is not recorded: no incoming edge
-    return "error" not in end.info and not end.info.get("async")
+def collective_key(info: Mapping[str, Any]) -> tuple[Any, ...]:
+    """How a collective's start is paired across ranks: its group and place in the group's
+    sequence (monitored barriers, made of sends and receives, have a sequence of their own)."""
+    kind = "m" if info.get("op") == "monitored_barrier" else "c"
+    return (kind, info.get("group"), info.get("seq"))
 
 
 def op_of(e: Event) -> str:
@@ -112,13 +135,23 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
     world = tuple(sorted(by_rank))
     for rank, evs in by_rank.items():
         open_starts: dict[int, Event] = {}
+        of_call: dict[int, Instance] = {}  # call id -> its instance, for the wait of an async call
+        waiting: dict[int, Instance] = {}  # call id of a wait -> the instance it completes
         for e in evs:
+            if e.kind == events.WAIT:
+                if e.phase == events.START:
+                    waited = of_call.get(int(e.info.get("of", 0)))
+                    if waited is not None:
+                        waiting[e.call_id] = waited
+                elif e.call_id in waiting:
+                    waiting.pop(e.call_id).waits[rank] = e
+                continue
             if e.kind not in (events.COLLECTIVE, events.P2P):
                 continue
             if e.phase == events.START:
                 open_starts[e.call_id] = e
                 if e.kind == events.COLLECTIVE and e.info.get("seq"):
-                    key: tuple[Any, ...] = ("c", e.info["group"], e.info["seq"])
+                    key = collective_key(e.info)
                     inst = found.get(key)
                     if inst is None:
                         members = e.info.get("ranks") or list(range(int(e.info.get("group_size") or len(world))))
@@ -127,17 +160,19 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                             key, op_of(e), sync, str(e.info["group"]), tuple(members), e.info.get("root")
                         )
                     inst.starts[rank] = e
+                    of_call[e.call_id] = inst
                 elif e.kind == events.P2P and e.info.get("sync") == collectives.SEND and e.info.get("seq"):
                     inst = _pair(
                         found, e.info["group"], e.info["src"], e.info["dst"], e.info.get("tag", 0), e.info["seq"]
                     )
                     inst.starts[rank] = e
+                    of_call[e.call_id] = inst
             else:
                 start = open_starts.pop(e.call_id, None)
                 if start is None:
                     continue
                 if e.kind == events.COLLECTIVE and start.info.get("seq"):
-                    found_inst = found.get(("c", start.info["group"], start.info["seq"]))
+                    found_inst = found.get(collective_key(start.info))
                     if found_inst is not None:
                         found_inst.ends[rank] = e
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq"):
@@ -150,6 +185,7 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                         e.info["seq"],
                     )
                     inst.ends[rank] = e
+                    of_call[e.call_id] = inst
     return found
 
 

@@ -34,8 +34,14 @@ OPS: dict[str, tuple[str, str, str | None, str | None]] = {
     "all_gather": (events.COLLECTIVE, ALL, None, None),
     "all_gather_object": (events.COLLECTIVE, ALL, None, None),
     "all_gather_into_tensor": (events.COLLECTIVE, ALL, None, None),
+    "all_gather_single": (events.COLLECTIVE, ALL, None, None),
+    "_all_gather_base": (events.COLLECTIVE, ALL, None, None),
+    "all_gather_coalesced": (events.COLLECTIVE, ALL, None, None),
+    "all_reduce_coalesced": (events.COLLECTIVE, ALL, None, None),
     "reduce_scatter": (events.COLLECTIVE, ALL, None, None),
     "reduce_scatter_tensor": (events.COLLECTIVE, ALL, None, None),
+    "reduce_scatter_single": (events.COLLECTIVE, ALL, None, None),
+    "_reduce_scatter_base": (events.COLLECTIVE, ALL, None, None),
     "all_to_all": (events.COLLECTIVE, ALL, None, None),
     "all_to_all_single": (events.COLLECTIVE, ALL, None, None),
     "broadcast": (events.COLLECTIVE, FROM_ROOT, "src", "group_src"),
@@ -58,8 +64,14 @@ PAYLOAD_ARG: dict[str, str] = {
     "reduce": "tensor",
     "all_gather": "tensor",
     "all_gather_into_tensor": "input_tensor",
+    "all_gather_single": "input_tensor",
+    "_all_gather_base": "input_tensor",
+    "all_gather_coalesced": "input_tensor_list",
+    "all_reduce_coalesced": "tensors",
     "reduce_scatter": "output",
     "reduce_scatter_tensor": "output",
+    "reduce_scatter_single": "output",
+    "_reduce_scatter_base": "output",
     "all_to_all": "input_tensor_list",
     "all_to_all_single": "input",
     "scatter": "tensor",
@@ -109,12 +121,22 @@ def signature(op: str, info: Mapping[str, Any]) -> str:
 # dtypes of their payloads must agree.
 UNEVEN: frozenset[str] = frozenset({"all_to_all", "all_to_all_single", "all_gather", "reduce_scatter"})
 
+# The same collective reached through another API: a ProcessGroup method, an alias.
+CANONICAL: dict[str, str] = {
+    "_all_gather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+}
+
 # Ops whose root, when neither the global nor the group-relative one is given, is global rank 0.
 DEFAULT_ROOT_ZERO: frozenset[str] = frozenset(
     {"broadcast_object_list", "scatter", "scatter_object_list", "gather", "gather_object"}
 )
 
 _DTYPE_IN_PAYLOAD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[")
+_TENSOR_IN_PAYLOAD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[([0-9,]*)\]")
+_REPEATED = re.compile(r"\[(.*) x(\d+)\]")
 
 
 def payload_dtypes(payload: Any) -> tuple[str, ...] | Any:
@@ -125,15 +147,39 @@ def payload_dtypes(payload: Any) -> tuple[str, ...] | Any:
     return tuple(sorted(set(found))) if found else payload
 
 
+def payload_elements(payload: Any) -> tuple[tuple[str, int], ...] | Any:
+    """What the backend compares of a payload: each tensor's dtype and element count, never
+    its view (``float32[2,2]`` and ``float32[4]`` are the same; a list of one tensor is it)."""
+    if not isinstance(payload, str):
+        return payload
+    repeated = _REPEATED.fullmatch(payload)
+    body, times = (repeated.group(1), int(repeated.group(2))) if repeated else (payload, 1)
+    found = _TENSOR_IN_PAYLOAD.findall(body)
+    if not found:
+        return payload
+    items = []
+    for dtype, dims in found:
+        n = 1
+        for d in dims.split(","):
+            if d:
+                n *= int(d)
+        items.append((dtype, n))
+    return tuple(items * times)
+
+
 def comparable(op: str, info: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What must be equal on every member for two calls to be the same collective."""
+    """What must be equal on every member for two calls to be the same collective: what the
+    backend itself checks (op, dtype, element count, root, reduce op), through any API."""
+    op = CANONICAL.get(op, op)
     payload = info.get("payload")
-    if op in UNEVEN:
-        payload = payload_dtypes(payload)
+    payload = payload_dtypes(payload) if op in UNEVEN else payload_elements(payload)
     return (op, payload, info.get("root"), info.get("reduce_op"))
 
 
 def group_label(group: str, ranks: list[int] | None) -> str:
+    name, _, incarnation = group.partition("/")
+    if incarnation:
+        return group_label(name, ranks) + f" (created again: incarnation {incarnation})"
     if group == "default":
         return "the default group"
     if ranks:

@@ -21,6 +21,21 @@ from .timeline import Timeline
 T = TypeVar("T")
 
 _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
+
+
+class _GroupCounter:
+    """What this rank has seen of one group's own sequence counter (every collective and
+    send/recv on the group advances it, whichever API issued it)."""
+
+    __slots__ = ("calls", "expected", "offset")
+
+    def __init__(self) -> None:
+        self.offset = 0  # how far this rank's own sends and receives advanced it
+        self.expected: int | None = None  # its value after the last recorded call
+        self.calls = 0  # recorded calls, for a group whose counter cannot be read
+
+
+_INSTRUMENTED = "__ddphooks_instrumented__"  # on a wrapper: (recorder, kind, event name)
 _current: Recorder | None = None
 _active: list[Recorder] = []  # activated and not closed yet, oldest first; _current is the last
 
@@ -71,8 +86,11 @@ class Recorder:
         self._lock = threading.Lock()
         self._lanes: dict[int, int] = {}
         self._issued: dict[int, int] = {}
-        self._seq: dict[str, int] = {}
+        self._seq: dict[Any, int] = {}
         self._p2p: dict[tuple[Any, ...], int] = {}
+        self._counters: dict[str, _GroupCounter] = {}
+        self._incarnation = 1  # of the groups: destroy_process_group ends one
+        self._pending: dict[int, tuple[Any, int, str, dict[str, Any]]] = {}  # id(work) -> what it completes
         self._undo: list[Callable[[], None]] = []
         self._timelines = 0
         self._active = False
@@ -122,10 +140,65 @@ class Recorder:
         """How many collectives (on an existing group) this thread has started so far."""
         return self._issued.get(self._lanes.get(threading.get_ident(), -1), 0)
 
-    def next_seq(self, group: str) -> int:
+    def next_seq(self, group: Any) -> int:
         n = self._seq.get(group, 0) + 1
         self._seq[group] = n
         return n
+
+    def group_key(self, name: str) -> str:
+        """A group's name in the events: its own, with the incarnation once the groups were
+        destroyed and created again (group names and counters start over then)."""
+        return name if self._incarnation == 1 else f"{name}/{self._incarnation}"
+
+    def groups_destroyed(self) -> None:
+        self._incarnation += 1
+        self._counters.clear()
+
+    def _counter_of(self, group: str) -> _GroupCounter:
+        state = self._counters.get(group)
+        if state is None:
+            state = self._counters[group] = _GroupCounter()
+        return state
+
+    def collective_seq(self, group: str, counter: int | None) -> tuple[int, int]:
+        """The number that pairs a collective starting now on ``group`` across its members,
+        and how many calls on the group this rank made since its last recorded one, unseen.
+
+        The number is the group's own counter (``counter``, read before the call) less what
+        this rank's own sends and receives added to it: every member agrees on it, however
+        the collectives were issued, so calls the recorder could not see never shift it."""
+        state = self._counter_of(group)
+        state.calls += 1
+        if counter is None:
+            return state.calls, 0
+        unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
+        return counter - state.offset + 1, unseen
+
+    def group_created(self, group: str, counter: int | None) -> None:
+        """A group came into being with its counter at ``counter`` (0): from here on, any call
+        on it the recorder does not see is a gap."""
+        if counter is not None:
+            self._counter_of(group).expected = counter
+
+    def counted(self, group: str, before: int | None, after: int | None, p2p: bool) -> None:
+        """A call on ``group`` returned with the group's counter at ``after``."""
+        if not group or before is None or after is None:
+            return
+        state = self._counter_of(group)
+        state.expected = after
+        if p2p:
+            state.offset += after - before
+
+    def awaiting(self, work: Any, call_id: int, name: str, info: dict[str, Any]) -> None:
+        """An asynchronous call returned ``work``: its wait is where it completes."""
+        self._pending[id(work)] = (work, call_id, name, info)
+
+    def waited(self, work: Any) -> tuple[Any, int, str, dict[str, Any]] | None:
+        return self._pending.pop(id(work), None)
+
+    def never_waited(self) -> list[tuple[int, str, dict[str, Any]]]:
+        """Asynchronous calls whose work nobody waited for (yet)."""
+        return [(call_id, name, info) for _, call_id, name, info in self._pending.values()]
 
     def next_p2p(self, key: tuple[Any, ...]) -> int:
         n = self._p2p.get(key, 0) + 1
@@ -174,6 +247,9 @@ class Recorder:
             raise TypeError(f"cannot instrument {owner.__qualname__}.{name}: it is not a method")
         qualname = getattr(func, "__qualname__", f"{owner.__qualname__}.{name}")
         recorder = self
+        identity = (id(self), kind, event_name)
+        if getattr(func, _INSTRUMENTED, None) == identity:
+            return  # instrumented already, the same way: every call is recorded once
 
         if kind != events.BARRIER and inspect.iscoroutinefunction(func):
 
@@ -226,6 +302,7 @@ class Recorder:
         if isinstance(target, type):
             # a classmethod's wrapper gets the class as its first argument, like the function
             wrapper = _forwarder(func, func, call, is_async)
+            setattr(wrapper, _INSTRUMENTED, identity)
             if isinstance(raw, staticmethod):
                 replacement: Any = staticmethod(wrapper)
             elif isinstance(raw, classmethod):
@@ -237,6 +314,7 @@ class Recorder:
             self._undo.append(_restorer(target, name, raw, had_own))
         else:
             wrapper = _forwarder(func, getattr(target, name), call, is_async)
+            setattr(wrapper, _INSTRUMENTED, identity)
             had_own = name in getattr(target, "__dict__", {})
             previous = target.__dict__.get(name) if had_own else None
             try:

@@ -1,10 +1,23 @@
-"""Recording of torch.distributed calls into the current Recorder.
+"""Recording of torch.distributed into the current Recorder, whichever API issues a call.
 
-The functions of ``torch.distributed.distributed_c10d`` are wrapped the moment that module
-has run, before ``torch.distributed`` star-imports them, so every later ``dist.barrier``,
-``from torch.distributed import all_reduce`` and torch-internal call sees the wrapper.
-Calls made from inside a recorded call (``broadcast_object_list`` broadcasting its sizes)
-are not recorded again. With no recorder active the wrapper only forwards.
+What is recorded:
+- the functions of ``torch.distributed.distributed_c10d`` (``dist.barrier``, the private
+  ``all_gather_single`` / ``reduce_scatter_single`` FSDP2 calls, ...), wrapped the moment
+  that module has run, before ``torch.distributed`` star-imports them, so every later
+  ``dist.barrier``, ``from torch.distributed import all_reduce`` and torch-internal call sees
+  the wrapper;
+- the methods of ``ProcessGroup`` (``pg.allreduce([t])``, ``dist.group.WORLD.barrier()``,
+  Lightning's ``group.monitored_barrier()``);
+- the functional collectives (``torch.distributed._functional_collectives``, which DTensor
+  uses) and ``wait_tensor``;
+- ``Work.wait()``: where an asynchronous call completes.
+
+Every call reads its group's own sequence counter before and after it runs. Collectives are
+paired across ranks by that counter (``Recorder.collective_seq``): a collective the recorder
+cannot see (DDP's reducer issues its all-reduces from C++) leaves a gap in the numbers, never
+a shift, so no two different collectives are ever taken for one. A call made from inside a
+recorded call (``broadcast_object_list`` broadcasting its sizes, ``dist.all_reduce`` calling
+``pg.allreduce``) is not recorded again. With no recorder active the wrappers only forward.
 """
 
 from __future__ import annotations
@@ -23,20 +36,31 @@ from . import collectives, core, events
 from .collectives import OPS, PAYLOAD_ARG, describe_tensor
 
 _C10D = "torch.distributed.distributed_c10d"
+_FUNCOL = "torch.distributed._functional_collectives"
 _MARK = "__ddphooks_original__"
 _tls = threading.local()
 _OBJECT_OPS = {"all_gather_object", "gather_object", "scatter_object_list"}
-_REDUCING = {"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"}
+_REDUCING = {
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+}
 _ranks_cache: dict[str, list[int]] = {}
 
 
 def install() -> None:
     """Record torch.distributed calls from now on: patch now if loaded, else as it loads."""
-    module = sys.modules.get(_C10D)
-    if module is not None:
-        _patch(module)
-        return
-    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+    for name in (_C10D, _FUNCOL):
+        module = sys.modules.get(name)
+        if module is not None:
+            _PATCHERS[name](module)
+    if not all(name in sys.modules for name in _PATCHERS) and not any(
+        isinstance(f, _PatchOnImport) for f in sys.meta_path
+    ):
         sys.meta_path.insert(0, _PatchOnImport())
 
 
@@ -49,7 +73,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _C10D:
+        if fullname not in _PATCHERS:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
@@ -67,37 +91,41 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         self._inner.exec_module(module)
-        _patch(module)
-        for finder in list(sys.meta_path):
-            if isinstance(finder, _PatchOnImport):
-                sys.meta_path.remove(finder)
+        _PATCHERS[module.__name__](module)
+        if all(name in sys.modules for name in _PATCHERS):
+            for finder in list(sys.meta_path):
+                if isinstance(finder, _PatchOnImport):
+                    sys.meta_path.remove(finder)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
-
-
-def _patch(c10d: types.ModuleType) -> None:
-    public = sys.modules.get("torch.distributed")
-    for op in OPS:
-        original = getattr(c10d, op, None)
-        if original is None or hasattr(original, _MARK):
-            continue
-        wrapper = _wrap(op, original)
-        setattr(c10d, op, wrapper)
-        if public is not None and getattr(public, op, None) is original:
-            setattr(public, op, wrapper)
 
 
 def _dist() -> Any:
     return sys.modules["torch.distributed"]
 
 
-def _group_key(group: Any) -> str:
+# -- what a call is about: its group, its place in the group's sequence --------------------
+
+
+def _group_name(group: Any) -> str:
     dist = _dist()
     if group is None or group is dist.GroupMember.WORLD:
         return "default"
     name = getattr(group, "group_name", None)
     return str(name) if name else f"pg{id(group):x}"
+
+
+def _process_group(group: Any) -> Any:
+    return _dist().distributed_c10d._get_default_group() if group is None else group
+
+
+def _counter(pg: Any) -> int | None:
+    """The group's own sequence counter; None where the backend does not keep one."""
+    try:
+        return int(pg._get_sequence_number_for_group())
+    except Exception:
+        return None
 
 
 def _group_ranks(group: Any, key: str) -> list[int]:
@@ -110,21 +138,202 @@ def _group_ranks(group: Any, key: str) -> list[int]:
 def _global(group: Any, root: Any, group_root: Any) -> int | None:
     if root is not None:
         return int(root)
-    if group_root is not None and group is not None:
+    if group_root is not None and group is not None and group is not _dist().GroupMember.WORLD:
         return int(_dist().get_global_rank(group, group_root))
     return None if group_root is None else int(group_root)
 
 
 def _reduce_op_name(reduce_op: Any) -> str:
-    """``SUM`` for ``ReduceOp.SUM``, for ``ReduceOp(ReduceOp.SUM)``, and when omitted."""
+    """``SUM`` for ``ReduceOp.SUM``, for ``ReduceOp(ReduceOp.SUM)``, for ``"sum"``, and when omitted."""
     if reduce_op is None:
         return "SUM"
+    if isinstance(reduce_op, str):
+        return reduce_op.upper()
     reduce_op = getattr(reduce_op, "op", reduce_op)  # a ReduceOp object wraps a RedOpType
     name = getattr(reduce_op, "name", None)
     return str(name) if name is not None else str(reduce_op)
 
 
-def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+class _Call:
+    """One recorded collective or send/recv: its start event's info and its group."""
+
+    __slots__ = ("counter", "info", "p2p", "pg")
+
+    def __init__(self, info: dict[str, Any], pg: Any = None, counter: int | None = None, p2p: bool = False) -> None:
+        self.info, self.pg, self.counter, self.p2p = info, pg, counter, p2p
+
+
+def _on_group(rec: core.Recorder, op: str, group: Any, api: str | None, async_op: bool) -> tuple[_Call, str] | _Call:
+    """The part of a call's description every API shares; a bare call when it reaches no group."""
+    dist = _dist()
+    existed = bool(dist.is_initialized())
+    info: dict[str, Any] = {"op": op, "group_existed": existed}
+    if api is not None:
+        info["api"] = api
+    if not existed or group is dist.GroupMember.NON_GROUP_MEMBER:
+        info["effective"] = False
+        if existed:
+            info["member"] = False
+        return _Call(info)
+    key = rec.group_key(_group_name(group))
+    info["group"] = key
+    if key.partition("/")[0] == "default":
+        info["group_size"] = int(dist.get_world_size())
+    else:
+        info["ranks"] = _group_ranks(group, key)
+    if async_op:
+        info["async"] = True
+    pg = _process_group(group)
+    return _Call(info, pg, _counter(pg)), key
+
+
+def _collective(
+    rec: core.Recorder,
+    op: str,
+    group: Any,
+    *,
+    api: str | None = None,
+    async_op: bool = False,
+    payload: str | None = None,
+    root: int | None = None,
+    reduce_op: Any = None,
+) -> _Call:
+    on = _on_group(rec, op, group, api, async_op)
+    if isinstance(on, _Call):
+        return on
+    call, key = on
+    info = call.info
+    if op == "monitored_barrier":
+        # made of sends and receives (rank 0 with every other): its own count pairs it
+        call.p2p = True
+        info["seq"] = rec.next_seq(("monitored", key))
+    else:
+        info["seq"], unseen = rec.collective_seq(key, call.counter)
+        if unseen:
+            info["unseen"] = unseen
+    if payload is not None:
+        info["payload"] = payload
+    if root is not None:
+        info["root"] = root
+    if op in _REDUCING:
+        info["reduce_op"] = _reduce_op_name(reduce_op)
+    return call
+
+
+def _point_to_point(
+    rec: core.Recorder,
+    op: str,
+    group: Any,
+    sync: str,
+    peer: int | None,
+    tag: int,
+    tensor: Any,
+    *,
+    api: str | None = None,
+    async_op: bool = False,
+) -> _Call:
+    on = _on_group(rec, op, group, api, async_op)
+    if isinstance(on, _Call):
+        return on
+    call, key = on
+    call.p2p = True
+    info = call.info
+    me = int(_dist().get_rank())
+    info["sync"], info["tag"] = sync, tag
+    info["payload"] = describe_tensor(tensor)
+    if sync == collectives.SEND:
+        info.update(src=me, dst=peer, seq=rec.next_p2p((key, me, peer, tag)))
+    else:
+        info.update(src=peer, dst=me)
+    return call
+
+
+def _received(rec: core.Recorder, call: _Call, src: Any) -> dict[str, Any]:
+    """The pairing of a receive, known once it returned (who sent, for ``src=None``)."""
+    info = call.info
+    if info.get("sync") != collectives.RECV or "group" not in info or src is None:
+        return {}
+    src = int(src)
+    return {"src": src, "seq": rec.next_p2p((info["group"], src, info["dst"], info["tag"]))}
+
+
+def _run(
+    rec: core.Recorder,
+    kind: str,
+    name: str,
+    call: _Call,
+    run: Callable[[], Any],
+    after: Callable[[Any], dict[str, Any] | None] | None = None,
+) -> Any:
+    """Run a call recorded: its start, then its end (or the error it raised), the group's
+    counter read around it; an asynchronous call's work is kept to record its wait."""
+    __tracebackhide__ = True
+    info = call.info
+    call_id = rec.begin(kind, name, info)
+    _tls.depth = 1
+    try:
+        result = run()
+    except BaseException as exc:
+        _tls.depth = 0
+        failed: dict[str, Any] = {"error": core._error_text(exc)}
+        if info.get("async"):
+            failed["async"] = True
+        rec.counted(info.get("group", ""), call.counter, _counter(call.pg) if call.pg is not None else None, call.p2p)
+        rec.end(call_id, kind, name, failed)
+        raise
+    _tls.depth = 0
+    out: dict[str, Any] = {"async": True} if info.get("async") else {}
+    try:
+        if call.pg is not None:
+            rec.counted(info["group"], call.counter, _counter(call.pg), call.p2p)
+        if after is not None:
+            out.update(after(result) or {})
+        if info.get("async") and "group" in info and result is not None:
+            rec.awaiting(_awaitable(result), call_id, name, info)
+    except Exception as exc:  # the recorder must never be why a call fails
+        out["recorder_error"] = core._error_text(exc)
+    rec.end(call_id, kind, name, out or None)
+    return result
+
+
+def _awaitable(result: Any) -> Any:
+    """What the completion of an asynchronous call is waited on: its Work, or the tensor a
+    functional collective returned (an AsyncCollectiveTensor wraps it)."""
+    return getattr(result, "elem", result)
+
+
+def _recording() -> core.Recorder | None:
+    rec = core._current
+    if rec is None or getattr(_tls, "depth", 0):
+        return None
+    return rec
+
+
+def _safely(describe: Callable[[], _Call], op: str) -> _Call:
+    # a call the recorder cannot describe is recorded bare, never failed
+    try:
+        return describe()
+    except Exception as exc:
+        return _Call({"op": op, "recorder_error": core._error_text(exc)})
+
+
+# -- the functions of distributed_c10d -------------------------------------------------------
+
+
+def _patch_functions(c10d: types.ModuleType) -> None:
+    public = sys.modules.get("torch.distributed")
+    for op in OPS:
+        original = getattr(c10d, op, None)
+        if original is None or hasattr(original, _MARK):
+            continue
+        wrapper = _wrap_function(op, original)
+        setattr(c10d, op, wrapper)
+        if public is not None and getattr(public, op, None) is original:
+            setattr(public, op, wrapper)
+    _patch_methods(sys.modules["torch._C._distributed_c10d"])
+
+
+def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     kind, sync, root_arg, group_root_arg = OPS[op]
     signature = inspect.signature(original)
     params = tuple(signature.parameters)
@@ -133,11 +342,10 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     payload_arg = PAYLOAD_ARG.get(op)
     name = "dist." + op
 
-    def describe(rec: core.Recorder, bound: dict[str, Any]) -> dict[str, Any]:
+    def describe(rec: core.Recorder, bound: dict[str, Any]) -> _Call:
         dist = _dist()
-        existed = bool(dist.is_initialized())
-        info: dict[str, Any] = {"op": op, "group_existed": existed}
         if kind == events.GROUP:
+            info: dict[str, Any] = {"op": op, "group_existed": bool(dist.is_initialized())}
             if op == "init_process_group":
                 backend = bound.get("backend")
                 info["backend"] = None if backend is None else str(backend)
@@ -145,106 +353,318 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 ranks = bound.get("ranks")
                 info["ranks"] = None if ranks is None else [int(r) for r in ranks]
             else:
-                info["group"] = _group_key(bound.get("group"))
-            return info
+                info["group"] = rec.group_key(_group_name(bound.get("group")))
+            return _Call(info)
         group = bound.get("group")
-        if not existed or group is dist.GroupMember.NON_GROUP_MEMBER:
-            info["effective"] = False
-            if existed:
-                info["member"] = False
-            return info
-        key = _group_key(group)
-        info["group"] = key
-        if key == "default":
-            info["group_size"] = int(dist.get_world_size())
-        else:
-            info["ranks"] = _group_ranks(group, key)
-        if bound.get("async_op") or op in ("isend", "irecv"):
-            info["async"] = True
+        async_op = bool(bound.get("async_op")) or op in ("isend", "irecv")
         if kind == events.P2P:
-            me = int(dist.get_rank())
             peer = _global(group, bound.get(root_arg or ""), bound.get(group_root_arg or ""))
             tag = int(bound.get("tag") or 0)
-            info["sync"], info["tag"] = sync, tag
-            info["payload"] = describe_tensor(bound.get("tensor"))
-            if sync == collectives.SEND:
-                info.update(src=me, dst=peer, seq=rec.next_p2p((key, me, peer, tag)))
-            else:
-                info.update(src=peer, dst=me)
-            return info
-        info["seq"] = rec.next_seq(key)
+            return _point_to_point(rec, op, group, sync, peer, tag, bound.get("tensor"), async_op=async_op)
         if op in _OBJECT_OPS:
-            info["payload"] = "object"
+            payload: str | None = "object"
         elif op == "broadcast_object_list":
             # the root's list holds the objects, the others' placeholders: only the length is shared
             objects = bound.get("object_list")
-            info["payload"] = f"objects x{len(objects)}" if isinstance(objects, (list, tuple)) else "objects"
-        elif payload_arg is not None:
-            info["payload"] = describe_tensor(bound.get(payload_arg))
+            payload = f"objects x{len(objects)}" if isinstance(objects, (list, tuple)) else "objects"
+        else:
+            payload = describe_tensor(bound.get(payload_arg)) if payload_arg is not None else None
+        root = None
         if root_arg is not None:
-            root, group_root = bound.get(root_arg), bound.get(group_root_arg or "")
-            if root is None and group_root is None and op in collectives.DEFAULT_ROOT_ZERO:
-                root = 0  # what torch does then
-            info["root"] = _global(group, root, group_root)
-        if op in _REDUCING:
-            info["reduce_op"] = _reduce_op_name(bound.get("op"))
-        return info
+            given, group_given = bound.get(root_arg), bound.get(group_root_arg or "")
+            if given is None and group_given is None and op in collectives.DEFAULT_ROOT_ZERO:
+                given = 0  # what torch does then
+            root = _global(group, given, group_given)
+        return _collective(rec, op, group, async_op=async_op, payload=payload, root=root, reduce_op=bound.get("op"))
 
-    def describe_safely(rec: core.Recorder, bound: dict[str, Any]) -> dict[str, Any]:
-        # the recorder must never be why a call fails: a call it cannot describe is recorded bare
-        try:
-            return describe(rec, bound)
-        except Exception as exc:
-            return {"op": op, "recorder_error": core._error_text(exc)}
-
-    def after_safely(rec: core.Recorder, info: dict[str, Any], result: Any) -> dict[str, Any] | None:
-        try:
-            return after(rec, info, result)
-        except Exception as exc:
-            return {"recorder_error": core._error_text(exc)}
-
-    def after(rec: core.Recorder, info: dict[str, Any], result: Any) -> dict[str, Any] | None:
-        out: dict[str, Any] = {"async": True} if info.get("async") else {}
+    def after(rec: core.Recorder, call: _Call, result: Any) -> dict[str, Any] | None:
+        dist = _dist()
         if op == "init_process_group":
-            dist = _dist()
-            out.update(rank=int(dist.get_rank()), world_size=int(dist.get_world_size()))
-        elif op == "new_group":
-            dist = _dist()
-            out["group"] = "non-member" if result is dist.GroupMember.NON_GROUP_MEMBER else _group_key(result)
-        elif op in ("destroy_process_group",):
+            rec.group_created(rec.group_key("default"), _counter(_process_group(None)))
+            return {"rank": int(dist.get_rank()), "world_size": int(dist.get_world_size())}
+        if op == "new_group":
+            if result is dist.GroupMember.NON_GROUP_MEMBER:
+                return {"group": "non-member"}
+            key = rec.group_key(_group_name(result))
+            rec.group_created(key, _counter(result))
+            return {"group": key}
+        if op == "destroy_process_group":
             _ranks_cache.clear()
-        elif kind == events.P2P and info.get("sync") == collectives.RECV and "group" in info:
-            src = result if op == "recv" and isinstance(result, int) else info.get("src")
-            if src is not None:
-                src = int(src)
-                out.update(src=src, seq=rec.next_p2p((info["group"], src, info["dst"], info["tag"])))
-        return out or None
+            if not dist.is_initialized():  # every group went with the default one
+                rec.groups_destroyed()
+            return None
+        if kind == events.P2P:
+            src = result if op == "recv" and isinstance(result, int) else call.info.get("src")
+            return _received(rec, call, src)
+        return None
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = core._current
-        if rec is None or getattr(_tls, "depth", 0):
+        rec = _recording()
+        if rec is None:
             return original(*args, **kwargs)
         bound = dict(defaults)
         bound.update(zip(params, args, strict=False))
         if kwargs:
             bound.update(kwargs)
-        info = describe_safely(rec, bound)
-        call_id = rec.begin(kind, name, info)
-        _tls.depth = 1
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            _tls.depth = 0
-            failed: dict[str, Any] = {"error": core._error_text(exc)}
-            if info.get("async"):
-                failed["async"] = True
-            rec.end(call_id, kind, name, failed)
-            raise
-        _tls.depth = 0
-        rec.end(call_id, kind, name, after_safely(rec, info, result))
-        return result
+        call = _safely(lambda: describe(rec, bound), op)
+        return _run(rec, kind, name, call, lambda: original(*args, **kwargs), lambda result: after(rec, call, result))
 
     setattr(wrapper, _MARK, original)
     return wrapper
+
+
+# -- the methods of ProcessGroup, and Work.wait ----------------------------------------------
+
+
+def _one(value: Any) -> Any:
+    """A method's list of one tensor is that tensor, as the functions take it."""
+    if isinstance(value, (list, tuple)) and len(value) == 1 and getattr(value[0], "shape", None) is not None:
+        return value[0]
+    return value
+
+
+def _tensors(value: Any) -> str:
+    return describe_tensor(_one(value))
+
+
+def _option(value: Any, name: str) -> Any:
+    return getattr(value, name, None) if value is not None and not isinstance(value, (int, float, str)) else None
+
+
+def _root(pg: Any, args: tuple[Any, ...], at: int) -> int | None:
+    """The group-relative root of a method (an int, or an options object's rootRank), as a global rank."""
+    value = args[at] if len(args) > at else None
+    relative = value if isinstance(value, int) else _option(value, "rootRank")
+    return None if relative is None else _global(pg, None, int(relative))
+
+
+# method -> (the op it is, how to describe its arguments: (pg, args) -> (payload, root, reduce op))
+_Describe = Callable[[Any, tuple[Any, ...]], tuple[str | None, int | None, Any]]
+
+
+def _reduce_of(args: tuple[Any, ...]) -> Any:
+    """A method's reduce op: an options object's reduceOp, or a ReduceOp argument."""
+    for value in args[1:]:
+        if type(value).__name__ in ("ReduceOp", "RedOpType"):
+            return value
+        found = _option(value, "reduceOp")
+        if found is not None:
+            return found
+    return None
+
+
+def _first(pg: Any, a: tuple[Any, ...]) -> tuple[str | None, int | None, Any]:
+    return (_tensors(a[0]) if a else None), None, _reduce_of(a)
+
+
+def _second(pg: Any, a: tuple[Any, ...]) -> tuple[str | None, int | None, Any]:
+    return (_tensors(a[1]) if len(a) > 1 else None), None, None
+
+
+def _nothing(pg: Any, a: tuple[Any, ...]) -> tuple[str | None, int | None, Any]:
+    return None, None, None
+
+
+def _rooted_first(pg: Any, a: tuple[Any, ...]) -> tuple[str | None, int | None, Any]:
+    return (_tensors(a[0]) if a else None), _root(pg, a, 1), _reduce_of(a)
+
+
+def _rooted_second(pg: Any, a: tuple[Any, ...]) -> tuple[str | None, int | None, Any]:
+    return (_tensors(a[1]) if len(a) > 1 else None), _root(pg, a, 2), None
+
+
+def _scatter(pg: Any, a: tuple[Any, ...]) -> tuple[str | None, int | None, Any]:
+    return (_tensors(a[0]) if a else None), _root(pg, a, 2), None
+
+
+METHODS: dict[str, tuple[str, _Describe]] = {
+    "allreduce": ("all_reduce", _first),
+    "allreduce_coalesced": ("all_reduce_coalesced", _first),
+    "allgather": ("all_gather", _second),
+    "allgather_coalesced": ("all_gather_coalesced", _second),
+    "_allgather_base": ("all_gather_into_tensor", _second),
+    "all_gather_single": ("all_gather_into_tensor", _second),
+    "allgather_into_tensor_coalesced": ("all_gather_coalesced", _second),
+    "reduce_scatter": ("reduce_scatter", _first),
+    "_reduce_scatter_base": ("reduce_scatter_tensor", _first),
+    "reduce_scatter_single": ("reduce_scatter_tensor", _first),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor", _first),
+    "alltoall": ("all_to_all", _second),
+    "alltoall_base": ("all_to_all_single", _second),
+    "all_to_all_single": ("all_to_all_single", _second),
+    "barrier": ("barrier", _nothing),
+    "monitored_barrier": ("monitored_barrier", _nothing),
+    "broadcast": ("broadcast", _rooted_first),
+    "reduce": ("reduce", _rooted_first),
+    "gather": ("gather", _rooted_second),
+    "scatter": ("scatter", _scatter),
+}
+_P2P_METHODS = {"send": ("send", collectives.SEND), "recv": ("recv", collectives.RECV)}
+
+
+def _patch_methods(c10d_c: types.ModuleType) -> None:
+    pg_type = getattr(c10d_c, "ProcessGroup", None)
+    if pg_type is None:
+        return
+    for method, (op, describe) in METHODS.items():
+        original = getattr(pg_type, method, None)
+        if original is not None and not hasattr(original, _MARK):
+            setattr(pg_type, method, _wrap_method(method, op, describe, original))
+    for method, (op, sync) in _P2P_METHODS.items():
+        original = getattr(pg_type, method, None)
+        if original is not None and not hasattr(original, _MARK):
+            setattr(pg_type, method, _wrap_p2p_method(method, op, sync, original))
+    work = getattr(c10d_c, "Work", None)
+    original = getattr(work, "wait", None)
+    if original is not None and not hasattr(original, _MARK):
+        work.wait = _wrap_wait(original, _awaitable)
+
+
+def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[..., Any]) -> Callable[..., Any]:
+    name = "dist." + op
+    api = "ProcessGroup." + method
+    blocking = op == "monitored_barrier"  # it returns when done; the others return a Work
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        rec = _recording()
+        if rec is None:
+            return original(self, *args, **kwargs)
+
+        def build() -> _Call:
+            payload, root, reduce_op = describe(self, args)
+            return _collective(
+                rec, op, self, api=api, async_op=not blocking, payload=payload, root=root, reduce_op=reduce_op
+            )
+
+        call = _safely(build, op)
+        return _run(rec, events.COLLECTIVE, name, call, lambda: original(self, *args, **kwargs))
+
+    functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"))
+    setattr(wrapper, _MARK, original)
+    return wrapper
+
+
+def _wrap_p2p_method(method: str, op: str, sync: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    name = "dist." + op
+    api = "ProcessGroup." + method
+
+    def wrapper(self: Any, tensors: Any, peer: int, tag: int = 0, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        rec = _recording()
+        if rec is None:
+            return original(self, tensors, peer, tag, *args, **kwargs)
+
+        def build() -> _Call:
+            peer_global = _global(self, None, int(peer))
+            return _point_to_point(rec, op, self, sync, peer_global, int(tag), _one(tensors), api=api, async_op=True)
+
+        call = _safely(build, op)
+        return _run(
+            rec,
+            events.P2P,
+            name,
+            call,
+            lambda: original(self, tensors, peer, tag, *args, **kwargs),
+            lambda _: _received(rec, call, call.info.get("src")),
+        )
+
+    functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"))
+    setattr(wrapper, _MARK, original)
+    return wrapper
+
+
+def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any]) -> Callable[..., Any]:
+    """Record the wait of an asynchronous call the recorder saw issued: its completion."""
+
+    def wait(awaited: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        rec = _recording()
+        pending = rec.waited(key(awaited)) if rec is not None else None
+        if rec is None or pending is None:
+            return original(awaited, *args, **kwargs)
+        _, of, name, issued = pending
+        info = {k: issued[k] for k in ("op", "group", "ranks", "seq", "sync", "src", "dst", "tag") if k in issued}
+        info["of"] = of
+        return _run(rec, events.WAIT, name + ".wait", _Call(info), lambda: original(awaited, *args, **kwargs))
+
+    functools.update_wrapper(wait, original, assigned=("__name__", "__qualname__", "__doc__"))
+    setattr(wait, _MARK, original)
+    return wait
+
+
+# -- functional collectives (DTensor's) ------------------------------------------------------
+
+# function -> the op it is; its group, reduce op and root are found by argument name
+FUNCTIONAL: dict[str, str] = {
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce_coalesced",
+    "all_gather_single": "all_gather_into_tensor",
+    "all_gather_single_autograd": "all_gather_into_tensor",
+    "all_gather_tensor": "all_gather_into_tensor",
+    "all_gather_tensor_autograd": "all_gather_into_tensor",
+    "all_gather_single_coalesced": "all_gather_coalesced",
+    "all_gather_into_tensor_coalesced": "all_gather_coalesced",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_single_autograd": "reduce_scatter_tensor",
+    "reduce_scatter_tensor": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd": "reduce_scatter_tensor",
+    "reduce_scatter_single_coalesced": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "all_to_all_single": "all_to_all_single",
+    "all_to_all_single_autograd": "all_to_all_single",
+    "broadcast": "broadcast",
+}
+
+
+def _patch_functional(funcol: types.ModuleType) -> None:
+    for function, op in FUNCTIONAL.items():
+        original = getattr(funcol, function, None)
+        if original is not None and not hasattr(original, _MARK):
+            setattr(funcol, function, _wrap_functional(function, op, original, funcol))
+    original = getattr(funcol, "wait_tensor", None)
+    if original is not None and not hasattr(original, _MARK):
+        funcol.wait_tensor = _wrap_wait(original, lambda tensor: tensor)
+
+
+def _wrap_functional(function: str, op: str, original: Callable[..., Any], funcol: Any) -> Callable[..., Any]:
+    name = "dist." + op
+    api = "functional." + function
+    params = tuple(inspect.signature(original).parameters)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        rec = _recording()
+        if rec is None:
+            return original(*args, **kwargs)
+
+        def build() -> _Call:
+            bound = dict(zip(params, args, strict=False))
+            bound.update(kwargs)
+            resolve = sys.modules["torch._C._distributed_c10d"]._resolve_process_group
+            pg = resolve(funcol._resolve_group_name(bound.get("group"), bound.get("tag", "")))
+            group = None if pg is _dist().GroupMember.WORLD else pg
+            root = bound.get("src")
+            payload = bound.get("self", bound.get("inputs"))
+            return _collective(
+                rec,
+                op,
+                group,
+                api=api,
+                async_op=True,
+                payload=_tensors(payload),
+                root=None if root is None else _global(group, None, int(root)),
+                reduce_op=bound.get("reduceOp"),
+            )
+
+        call = _safely(build, op)
+        return _run(rec, events.COLLECTIVE, name, call, lambda: original(*args, **kwargs))
+
+    functools.update_wrapper(wrapper, original)
+    setattr(wrapper, _MARK, original)
+    return wrapper
+
+
+_PATCHERS: dict[str, Callable[[types.ModuleType], None]] = {_C10D: _patch_functions, _FUNCOL: _patch_functional}

@@ -22,6 +22,7 @@ MARK = "mark"  # a point event
 COLLECTIVE = "collective"  # a torch.distributed collective
 P2P = "p2p"  # send / recv
 GROUP = "group"  # init_process_group, destroy_process_group, new_group
+WAIT = "wait"  # the wait for an asynchronous collective or send/recv: where it completes
 META = "meta"  # bookkeeping (thread names); never shown as an event
 
 # Phases.

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def _aligned(inst: Instance) -> bool:
-    return inst.key[0] == "c" and len(inst.members) > 1 and inst.complete and inst.consistent
+    return inst.key[0] in ("c", "m") and len(inst.members) > 1 and inst.complete and inst.consistent
 
 
 def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
@@ -41,6 +41,8 @@ def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
         return f"{tag}{sign} {op}{stuck}"
     if e.phase == events.END:
         return f"{tag}x {op} raised" if "error" in e.info else None
+    if e.kind == events.WAIT:
+        return f"{tag}~ wait {op} #{e.info.get('seq')}{stuck}" if e.info.get("seq") else f"{tag}~ wait {op}{stuck}"
     if e.kind == events.P2P:
         peer = e.info.get("dst") if e.info.get("sync") == collectives.SEND else e.info.get("src")
         arrow = "->" if e.info.get("sync") == collectives.SEND else "<-"
@@ -49,7 +51,8 @@ def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
         return f"{tag}= {op} (no group){stuck}"
     group = e.info.get("group")
     where = "" if group == "default" else f" [g{group}]"
-    return f"{tag}= {op} #{e.info.get('seq')}{where}{stuck}"
+    wait = " (async)" if e.info.get("async") else ""
+    return f"{tag}= {op} #{e.info.get('seq')}{where}{wait}{stuck}"
 
 
 def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int = 30) -> str:

@@ -218,7 +218,28 @@ class Timeline:
         for nb in self.noop_barriers():
             if (nb.rank == y.rank and nb.index < y.start.index) or (nb.rank == x.rank and nb.index > x.start.index):
                 lines.append(str(nb))
+        lines.extend(self._unseen_between(x, y))
         return lines
+
+    def _unseen_between(self, x: Span, y: Span) -> list[str]:
+        """Collectives the recorder could not see (a gap in a group's sequence) after ``x``
+        ended on its rank or before ``y`` started on its own: they order nothing here."""
+        assert x.end is not None
+        out = []
+        for rank, lo, hi in ((x.rank, x.end.index, None), (y.rank, None, y.start.index)):
+            for e in self._by_rank.get(rank, []):
+                if e.phase != events.START or not e.info.get("unseen"):
+                    continue
+                if (lo is not None and e.index <= lo) or (hi is not None and e.index >= hi):
+                    continue
+                seq, n = int(e.info["seq"]), int(e.info["unseen"])
+                numbers = f"#{seq - n}" if n == 1 else f"#{seq - n} to #{seq - 1}"
+                label = collectives.group_label(str(e.info.get("group")), e.info.get("ranks"))
+                out.append(
+                    f"collective {numbers} on {label} (rank {rank}, before event #{e.index}) was issued through"
+                    " an API the recorder cannot see; it is treated as ordering nothing"
+                )
+        return out
 
     def _describe_passage(self, inst: Instance, x: Span, y: Span) -> str:
         assert x.end is not None
@@ -241,8 +262,11 @@ class Timeline:
         if start.index < x.end.index:
             return f"{label}, which rank {x.rank} entered at event #{start.index}, before {x.name} ended"
         y_end = inst.ends.get(y.rank)
-        if y_end is not None and y_end.info.get("async"):
-            return f"{label}, which was asynchronous on rank {y.rank}: its completion (wait) is not recorded"
+        if y_end is not None and y_end.info.get("async") and inst.completion(y.rank) is None:
+            return f"{label}, which was asynchronous on rank {y.rank} and never waited for there"
+        done = inst.completion(y.rank)
+        if done is not None and done.index > y.start.index:
+            return f"{label}, which rank {y.rank} waited for only at event #{done.index}, after {y.name} started"
         if inst.sync == collectives.FROM_ROOT and inst.root != x.rank:
             return f"{label}, whose root is rank {inst.root}: it orders only the root before the others"
         if inst.sync == collectives.TO_ROOT:
@@ -312,16 +336,42 @@ class Timeline:
             self._fail("\n".join(problems))
 
     def noop_barriers(self) -> list[NoopBarrier]:
-        """Framework barriers (``instrument_barrier``) during which the rank issued no collective."""
+        """Framework barriers (``instrument_barrier``) during which the rank issued no
+        collective, or only asynchronous ones nobody waited for."""
         out = []
         for s in self._spans:
-            if s.kind != events.BARRIER or s.end is None or s.end.info.get("collectives", 1):
+            if s.kind != events.BARRIER or s.end is None:
                 continue
-            if not s.start.info.get("group_existed", True):
-                reason = "issued no collective: no process group existed"
+            if not s.end.info.get("collectives", 1):
+                if not s.start.info.get("group_existed", True):
+                    reason = "issued no collective: no process group existed"
+                else:
+                    reason = "issued no collective: the process group existed but no collective was called"
+            elif self._only_unwaited(s):
+                reason = "issued only asynchronous collectives, and nobody waited for them"
             else:
-                reason = "issued no collective: the process group existed but no collective was called"
+                continue
             out.append(NoopBarrier(s.rank, s.name, s.start.index, reason))
+        return out
+
+    def _only_unwaited(self, barrier: Span) -> bool:
+        assert barrier.end is not None
+        inside = [
+            inst
+            for inst in self.instances.values()
+            if barrier.rank in inst.starts
+            and inst.starts[barrier.rank].lane == barrier.start.lane
+            and barrier.start.index < inst.starts[barrier.rank].index < barrier.end.index
+        ]
+        return bool(inside) and all(inst.completion(barrier.rank) is None for inst in inside)
+
+    def never_waited(self) -> list[str]:
+        """Asynchronous collectives and sends/receives whose completion no rank waited for."""
+        out = []
+        for inst in sorted(self.instances.values(), key=lambda i: (i.group, i.seq)):
+            where = "" if inst.group == "default" else f" on {collectives.group_label(inst.group, list(inst.members))}"
+            for rank in inst.never_waited():
+                out.append(f"async {inst.label()}{where} on rank {rank} was never waited")
         return out
 
     def assert_no_noop_barriers(self) -> None:

@@ -1,0 +1,240 @@
+"""Every API that issues a collective is recorded once, collectives pair by their group's real
+sequence, asynchronous calls complete at their wait, and no order is ever proven wrongly."""
+
+from __future__ import annotations
+
+import pytest
+
+PRELUDE = """
+import time
+import pytest
+import torch
+import torch.distributed as dist
+from pytest_ddphooks import TimelineAssertionError
+"""
+
+
+def run(pytester: pytest.Pytester, body: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_apis=PRELUDE + body)
+    return pytester.runpytest("-p", "no:cacheprovider", *args)
+
+
+def test_methods_and_functions_are_paired_by_the_groups_real_sequence(pytester) -> None:
+    """The false pass: rank 0 syncs through a method first, rank 1 through the function
+    first. Paired by counting calls, the two dist.barrier() calls would be one collective and
+    A would seem to happen before B, which really ran a second earlier."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+def test_false_pass_refused(rank, recorder):
+    pg = dist.group.WORLD
+    if rank == 0:
+        pg.barrier().wait()
+        time.sleep(1.0)
+        recorder.mark("A")
+        dist.barrier()
+    else:
+        dist.barrier()
+        recorder.mark("B")
+        pg.barrier().wait()
+    tl = recorder.timeline()
+    with pytest.raises(TimelineAssertionError, match="'A@0' does not happen before 'B@1'"):
+        tl.assert_happens_before("A@0", "B@1")
+    starts = [e for e in tl.for_rank(rank) if e.name == "dist.barrier" and e.phase == "start"]
+    assert [(e.info["seq"], e.info.get("api")) for e in starts] == (
+        [(1, "ProcessGroup.barrier"), (2, None)] if rank == 0 else [(1, None), (2, "ProcessGroup.barrier")]
+    )
+    assert tl.collective_mismatches() == []
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_a_collective_the_recorder_cannot_see_is_a_gap_never_a_shift(pytester) -> None:
+    result = run(
+        pytester,
+        """
+def unseen_barrier():
+    # the pybind method itself, as C++ code (DDP's reducer) issues collectives
+    dist.ProcessGroup.barrier.__ddphooks_original__(dist.group.WORLD).wait()
+
+@pytest.mark.multirank(world_size=2)
+def test_gap(rank, recorder):
+    if rank == 0:
+        unseen_barrier()
+        time.sleep(0.5)
+        recorder.mark("A")
+        dist.barrier()
+    else:
+        dist.barrier()
+        recorder.mark("B")
+        unseen_barrier()
+    tl = recorder.timeline()
+    with pytest.raises(TimelineAssertionError) as failed:
+        tl.assert_happens_before("A@0", "B@1")
+    assert "collective #1 on the default group (rank 0, before event #" in str(failed.value)
+    assert "was issued through an API the recorder cannot see; it is treated as ordering nothing" in str(
+        failed.value
+    )
+    assert tl.collective_mismatches() == [], "no two different collectives were paired"
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_async_work_orders_from_its_wait(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+def test_waited(rank, recorder):
+    if rank == 0:
+        recorder.mark("before")
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    work.wait()
+    recorder.mark("after")
+    tl = recorder.timeline()
+    tl.assert_happens_before("before@0", "after@1")
+    assert tl.never_waited() == []
+
+@pytest.mark.multirank(world_size=2)
+def test_method_work_orders_from_its_wait(rank, recorder):
+    if rank == 0:
+        recorder.mark("before")
+    dist.group.WORLD.allreduce([torch.ones(2)]).wait()
+    recorder.mark("after")
+    recorder.timeline().assert_happens_before("before@0", "after@1")
+
+@pytest.mark.multirank(world_size=2)
+def test_never_waited(rank, recorder):
+    if rank == 0:
+        recorder.mark("before")
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    recorder.mark("after")
+    tl = recorder.timeline()
+    with pytest.raises(TimelineAssertionError, match="asynchronous on rank 1 and never waited for there"):
+        tl.assert_happens_before("before@0", "after@1")
+    assert tl.never_waited() == [
+        "async all_reduce #1 on rank 0 was never waited",
+        "async all_reduce #1 on rank 1 was never waited",
+    ]
+    work.wait()
+
+@pytest.mark.multirank(world_size=2)
+def test_send_recv_async(rank, recorder):
+    t = torch.zeros(2)
+    if rank == 0:
+        recorder.mark("sent")
+        dist.isend(t, 1).wait()
+    else:
+        dist.irecv(t, 0).wait()
+        recorder.mark("received")
+    recorder.timeline().assert_happens_before("sent@0", "received@1")
+""",
+    )
+    result.assert_outcomes(passed=4)
+
+
+def test_monitored_barrier_of_a_new_group_orders_like_lightnings_infinite_barrier(pytester) -> None:
+    result = run(
+        pytester,
+        """
+class Strategy:
+    def barrier(self, group):
+        group.monitored_barrier()
+
+@pytest.mark.multirank(world_size=2)
+def test_infinite_barrier(rank, recorder):
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "barrier")
+    group = dist.new_group(backend="gloo")
+    if rank == 0:
+        recorder.mark("prepare_data")
+    strategy.barrier(group)
+    recorder.mark("setup")
+    tl = recorder.timeline()
+    tl.assert_happens_before("prepare_data@0", "setup")
+    assert tl.noop_barriers() == []
+    api = [e.info.get("api") for e in tl.for_rank(rank) if e.name == "dist.monitored_barrier" and e.phase == "start"]
+    assert api == ["ProcessGroup.monitored_barrier"]
+
+@pytest.mark.multirank(world_size=2)
+def test_async_barrier_never_waited_is_a_noop(rank, recorder):
+    class Strategy:
+        def barrier(self):
+            self.work = dist.barrier(async_op=True)
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "barrier")
+    strategy.barrier()
+    found = [str(nb) for nb in recorder.timeline().noop_barriers()]
+    assert found == [
+        f"no-op barrier: 'barrier' on rank {r} (event #2) issued only asynchronous collectives,"
+        " and nobody waited for them"
+        for r in (0, 1)
+    ]
+    strategy.work.wait()
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
+def test_a_shape_that_differs_only_in_view_is_no_desync(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2, timeout=20)
+def test_views(rank, recorder):
+    t = torch.ones(2, 2)
+    dist.all_reduce(t.view(-1) if rank == 0 else t)
+    dist.group.WORLD.allreduce([t]).wait()
+    assert recorder.timeline().collective_mismatches() == []
+
+@pytest.mark.multirank(world_size=2, timeout=5)
+def test_element_counts_differ(rank, recorder):
+    dist.all_reduce(torch.ones(4 if rank == 0 else 3))
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["desync: collective #1 on the default group: rank 0 all_reduce(float32[[]4]), rank 1 all_reduce(float32[[]3])"]
+    )
+
+
+def test_instrumenting_twice_records_once(pytester) -> None:
+    result = run(
+        pytester,
+        """
+class Hooks:
+    def setup(self):
+        pass
+
+@pytest.fixture
+def hooks(recorder):
+    return recorder.instrument(Hooks())
+
+def test_twice(hooks, recorder):
+    recorder.instrument(hooks, "setup")
+    recorder.instrument(Hooks, "setup")
+    recorder.instrument(hooks, "setup", prefix="again")
+    hooks.setup()
+    names = [e.name for e in recorder.timeline().events if e.phase == "start"]
+    assert names == ["again.setup", "setup"] or names == ["setup", "again.setup"]
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_a_timeline_larger_than_the_stores_payload_limit(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2, timeout=120)
+def test_big(rank, recorder):
+    for i in range(150_000):
+        recorder.mark("tick", i=i)
+    tl = recorder.timeline()
+    assert len(tl.events) == 300_000 + 2 * 2  # and each rank's group creation
+""",
+    )
+    result.assert_outcomes(passed=1)

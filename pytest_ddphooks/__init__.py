@@ -1,6 +1,6 @@
 """pytest-ddphooks: test distributed hook ordering on real multi-process gloo groups."""
 
-from .recorder import Recorder, Timeline, TimelineAssertionError
+from .recorder import NeverWaitedWarning, Recorder, Timeline, TimelineAssertionError
 
 __version__ = "0.1.0"
-__all__ = ["Recorder", "Timeline", "TimelineAssertionError", "__version__"]
+__all__ = ["NeverWaitedWarning", "Recorder", "Timeline", "TimelineAssertionError", "__version__"]

@@ -13,6 +13,7 @@ import pickle
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,7 @@ from .plugin_special import (
     special_target,
 )
 from .plugin_spmd import SpmdHooks
-from .recorder import Recorder, distpatch
+from .recorder import NeverWaitedWarning, Recorder, distpatch
 from .spec import MultirankSpec, SpecError, parse_multirank
 from .verdict import Verdict, decide
 
@@ -476,6 +477,10 @@ class DdpHooks:
         report = run_job(self.launcher, job)
         relay_warnings(item, [w for _, res in sorted(report.results.items()) for w in res.warnings])
         verdict = decide(report)
+        if report.timeline is not None and verdict.outcome == "passed":
+            path, lineno, _ = item.reportinfo()
+            for text in report.timeline.never_waited():
+                warnings.warn_explicit(NeverWaitedWarning(text), NeverWaitedWarning, str(path), (lineno or 0) + 1)
         capture = self.config.getoption("capture", "fd")
         for r, (out, err) in sorted(report.outputs.items()):
             if capture == "no":

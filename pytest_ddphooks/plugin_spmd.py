@@ -243,8 +243,9 @@ class SpmdHooks:
         lines = [f"ddphooks: {item.nodeid} did not finish within {limit:g} s on rank {self.rank}; the run stops"]
         for span in timeline.open_spans(self.rank):
             info = span.start.info
-            if span.kind in ("collective", "p2p") and info.get("seq"):
-                lines.append(f"  blocked in {info.get('op')} #{info.get('seq')} on group {info.get('group')}")
+            if span.kind in ("collective", "p2p", "wait") and info.get("seq"):
+                what = f"the wait of {info.get('op')}" if span.kind == "wait" else info.get("op")
+                lines.append(f"  blocked in {what} #{info.get('seq')} on group {info.get('group')}")
             else:
                 lines.append(f"  in {span.start.info.get('qualname') or span.name}")
         main = threading.main_thread().ident

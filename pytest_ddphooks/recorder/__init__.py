@@ -5,11 +5,12 @@ Imports neither pytest nor torch; torch.distributed calls are recorded once it i
 
 from .core import Recorder, current
 from .events import Event
-from .timeline import Mismatch, NoopBarrier, Span, Timeline, TimelineAssertionError
+from .timeline import Mismatch, NeverWaitedWarning, NoopBarrier, Span, Timeline, TimelineAssertionError
 
 __all__ = [
     "Event",
     "Mismatch",
+    "NeverWaitedWarning",
     "NoopBarrier",
     "Recorder",
     "Span",

@@ -20,6 +20,13 @@ class TimelineAssertionError(AssertionError):
 TimelineAssertionError.__module__ = "pytest_ddphooks"  # how reports name it: where users import it
 
 
+class NeverWaitedWarning(UserWarning):
+    """An asynchronous collective or send/recv of a test was never waited for."""
+
+
+NeverWaitedWarning.__module__ = "pytest_ddphooks"
+
+
 @dataclass(frozen=True)
 class Span:
     """One call, barrier, collective or mark: its start and its end (None if it never ended)."""

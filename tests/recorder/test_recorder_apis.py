@@ -238,3 +238,66 @@ def test_big(rank, recorder):
 """,
     )
     result.assert_outcomes(passed=1)
+
+
+def test_a_hang_in_a_method_barrier_names_the_group_the_op_and_who_never_came(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2, timeout=3)
+def test_hangs(rank):
+    group = dist.new_group(backend="gloo")
+    if rank == 0:
+        group.monitored_barrier()
+
+@pytest.mark.multirank(world_size=2, timeout=3)
+def test_hangs_in_a_wait(rank):
+    if rank == 0:
+        work = dist.group.WORLD.allreduce([torch.ones(2)])
+        work.wait()
+""",
+    )
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_hangs _*",
+            "hang: the test did not finish within 3 s (2 ranks)",
+            "  rank 0: blocked in monitored_barrier #1 on group 1 (ranks 0,1) for *",
+            "    ranks that never entered monitored_barrier #1: 1",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_hangs_in_a_wait _*",
+            "hang: the test did not finish within 3 s (2 ranks)",
+            "  rank 0: blocked in the wait of all_reduce #1 on the default group for *",
+            "    ranks that never entered all_reduce #1: 1",
+        ]
+    )
+
+
+def test_a_passing_test_that_never_waited_for_async_work_is_warned_about(pytester) -> None:
+    result = run(
+        pytester,
+        """
+KEEP = []
+
+@pytest.mark.multirank(world_size=2)
+def test_forgets_to_wait(rank):
+    KEEP.append(dist.all_reduce(torch.ones(2), async_op=True))
+    dist.barrier()
+
+@pytest.mark.multirank(world_size=2)
+def test_waits(rank):
+    dist.all_reduce(torch.ones(2), async_op=True).wait()
+""",
+    )
+    result.assert_outcomes(passed=2, warnings=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_apis.py::test_forgets_to_wait",
+            "*NeverWaitedWarning: async all_reduce #1 on rank 0 was never waited",
+            "*NeverWaitedWarning: async all_reduce #1 on rank 1 was never waited",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*test_waits*")

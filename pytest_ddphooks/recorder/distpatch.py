@@ -108,9 +108,10 @@ def _dist() -> Any:
 # -- what a call is about: its group, its place in the group's sequence --------------------
 
 
-def _group_name(group: Any) -> str:
-    dist = _dist()
-    if group is None or group is dist.GroupMember.WORLD:
+def _group_name(group: Any, world: Any = None) -> str:
+    if world is None:
+        world = _dist().GroupMember.WORLD
+    if group is None or group is world:
         return "default"
     name = getattr(group, "group_name", None)
     return str(name) if name else f"pg{id(group):x}"
@@ -166,7 +167,8 @@ class _Call:
 def _on_group(rec: core.Recorder, op: str, group: Any, api: str | None, async_op: bool) -> tuple[_Call, str] | _Call:
     """The part of a call's description every API shares; a bare call when it reaches no group."""
     dist = _dist()
-    existed = bool(dist.is_initialized())
+    world = dist.GroupMember.WORLD  # the default group; None before it exists
+    existed = world is not None
     info: dict[str, Any] = {"op": op, "group_existed": existed}
     if api is not None:
         info["api"] = api
@@ -175,15 +177,17 @@ def _on_group(rec: core.Recorder, op: str, group: Any, api: str | None, async_op
         if existed:
             info["member"] = False
         return _Call(info)
-    key = rec.group_key(_group_name(group))
-    info["group"] = key
-    if key.partition("/")[0] == "default":
-        info["group_size"] = int(dist.get_world_size())
+    pg = world if group is None else group
+    if pg is world:
+        key = rec.group_key("default")
+        info["group"] = key
+        info["group_size"] = int(world.size())
     else:
+        key = rec.group_key(_group_name(group, world))
+        info["group"] = key
         info["ranks"] = _group_ranks(group, key)
     if async_op:
         info["async"] = True
-    pg = _process_group(group)
     return _Call(info, pg, _counter(pg)), key
 
 

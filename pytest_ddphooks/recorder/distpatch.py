@@ -176,7 +176,7 @@ def _on_group(rec: core.Recorder, op: str, group: Any, api: str | None, async_op
         info["effective"] = False
         if existed:
             info["member"] = False
-        return _Call(info)
+        return _Call(info), None
     pg = world if group is None else group
     if pg is world:
         key = rec.group_key("default")
@@ -202,10 +202,9 @@ def _collective(
     root: int | None = None,
     reduce_op: Any = None,
 ) -> _Call:
-    on = _on_group(rec, op, group, api, async_op)
-    if isinstance(on, _Call):
-        return on
-    call, key = on
+    call, key = _on_group(rec, op, group, api, async_op)
+    if key is None:
+        return call
     info = call.info
     if op == "monitored_barrier":
         # made of sends and receives (rank 0 with every other): its own count pairs it
@@ -236,10 +235,9 @@ def _point_to_point(
     api: str | None = None,
     async_op: bool = False,
 ) -> _Call:
-    on = _on_group(rec, op, group, api, async_op)
-    if isinstance(on, _Call):
-        return on
-    call, key = on
+    call, key = _on_group(rec, op, group, api, async_op)
+    if key is None:
+        return call
     call.p2p = True
     info = call.info
     me = int(_dist().get_rank())

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import math
 import os
 import pickle
 import re
 import shutil
-import tempfile
 import warnings
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -28,7 +28,7 @@ from _pytest._code.code import (
 )
 from _pytest.outcomes import Skipped
 
-from . import rankbody, rankfixtures, spmd
+from . import rankbody, rankfixtures, session_dirs, spmd
 from .launch.job import Job
 from .launch.run import remove_run_dir, run_job
 from .launch.zygote import Launcher
@@ -47,7 +47,7 @@ from .plugin_special import (
 )
 from .plugin_spmd import SpmdHooks
 from .recorder import NeverWaitedWarning, Recorder, distpatch
-from .spec import MultirankSpec, SpecError, parse_multirank
+from .spec import MAX_SECONDS, MultirankSpec, SpecError, parse_multirank
 from .verdict import Verdict, decide
 
 # Before any conftest imports torch: torch.distributed is patched as it loads. It is then
@@ -58,6 +58,7 @@ distpatch.install()
 import torch.distributed  # noqa: E402, F401
 
 DEFAULT_TIMEOUT = 60.0
+MAX_TIMEOUT = MAX_SECONDS
 MULTIRANK_HELP = (
     "multirank(world_size=2, *, backend='gloo', nodes=1, timeout=None, init_process_group=True):"
     " run the test body on world_size fresh rank processes joined in one process group"
@@ -191,9 +192,18 @@ def pytest_configure(config: pytest.Config) -> None:
         if basetemp is not None:
             config.option.basetemp = basetemp
         hooks = DdpHooks(config)
+        hooks.default_timeout()  # a bad limit stops the run here, once
         hooks.preload()
-        config.pluginmanager.register(hooks, "ddphooks-session")
         mode = config.getoption("ddp_spmd") or config.getini("ddp_spmd")
+        if mode not in ("auto", "on", "off"):
+            raise pytest.UsageError(f"ini ddp_spmd = {mode}: use auto, on or off")
+        if mode == "on" and not spmd.launched():
+            raise pytest.UsageError(
+                "--ddp-spmd=on needs the environment torchrun gives its ranks (RANK, WORLD_SIZE, MASTER_ADDR,"
+                " MASTER_PORT, TORCHELASTIC_RUN_ID): run the session under torchrun, or leave --ddp-spmd=auto"
+            )
+        session_dirs.remove_stale()
+        config.pluginmanager.register(hooks, "ddphooks-session")
         if mode == "on" or (mode == "auto" and spmd.launched()):
             hooks.spmd = SpmdHooks(config, RUN_KEY, hooks.timeout_of, hooks.raise_verdict)
             config.pluginmanager.register(hooks.spmd, "ddphooks-spmd")
@@ -277,11 +287,12 @@ class DdpHooks:
         self.session_dir: str | None = None
         self._ids = itertools.count(1)
         self.spmd: SpmdHooks | None = None
+        self._default_timeout: float | None = None
 
     def folder(self) -> str:
         """This session's private folder for run files (removed at the end of the session)."""
         if self.session_dir is None:
-            self.session_dir = tempfile.mkdtemp(prefix="ddphooks-")
+            self.session_dir = session_dirs.create()
         return self.session_dir
 
     def special_limit(self, item: pytest.Item) -> float:
@@ -312,16 +323,23 @@ class DdpHooks:
     # -- options ------------------------------------------------------------------------------
 
     def default_timeout(self) -> float:
-        value = self.config.getoption("ddp_timeout")
-        if value is None:
-            raw = self.config.getini("ddp_timeout")
-            try:
-                value = float(raw)
-            except ValueError:
-                raise pytest.UsageError(f"ini ddp_timeout={raw!r} is not a number of seconds") from None
-        if value <= 0:
-            raise pytest.UsageError(f"--ddp-timeout must be > 0 seconds, got {value:g}")
-        return float(value)
+        """The default time limit, read and checked once: a bad value stops the run at start."""
+        if self._default_timeout is None:
+            value = self.config.getoption("ddp_timeout")
+            where = f"--ddp-timeout={value}"
+            if value is None:
+                raw = self.config.getini("ddp_timeout")
+                where = f"ini ddp_timeout = {raw}"
+                try:
+                    value = float(raw)
+                except ValueError:
+                    raise pytest.UsageError(f"{where}: not a number of seconds") from None
+            if not math.isfinite(value) or value <= 0 or value > MAX_TIMEOUT:
+                raise pytest.UsageError(
+                    f"{where}: the time limit must be a number of seconds > 0 and <= {MAX_TIMEOUT:g}"
+                )
+            self._default_timeout = float(value)
+        return self._default_timeout
 
     def trace_dir(self) -> str | None:
         value = self.config.getoption("ddp_trace_dir") or self.config.getini("ddp_trace_dir")
@@ -507,8 +525,17 @@ class DdpHooks:
         if verdict.outcome == "failed":
             trace_dir = self.trace_dir()
             if trace_dir and report.timeline is not None:
-                path = report.timeline.to_chrome_trace(os.path.join(trace_dir, _safe(item.nodeid) + ".json"))
-                verdict.text += f"\n\nChrome trace of the timeline: {path}"
+                target = os.path.join(trace_dir, _safe(item.nodeid) + ".json")
+                try:
+                    path = report.timeline.to_chrome_trace(target)
+                except OSError as exc:  # the test's own failure is what the report is about
+                    where, lineno, _ = item.reportinfo()
+                    message = f"--ddp-trace-dir: cannot write {target}: {type(exc).__name__}: {exc}"
+                    warnings.warn_explicit(
+                        pytest.PytestWarning(message), pytest.PytestWarning, str(where), (lineno or 0) + 1
+                    )
+                else:
+                    verdict.text += f"\n\nChrome trace of the timeline: {path}"
         remove_run_dir(job)
         self.raise_verdict(verdict)
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 BACKENDS = ("gloo", "nccl")
+MAX_SECONDS = 1e6  # a time limit beyond this (11.6 days) is a mistake, and inf overflows a select()
+MAX_WORLD_SIZE = 1024  # every rank is a process of this machine
 _KEYWORDS = ("world_size", "backend", "nodes", "timeout", "init_process_group")
 
 
@@ -59,6 +62,8 @@ def parse_multirank(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Multirank
     for size in sizes:
         if not _is_int(size) or size < 1:
             raise SpecError(f"world_size must be an int >= 1 or a list of them, got {_describe(size)}")
+        if size > MAX_WORLD_SIZE:
+            raise SpecError(f"world_size={size} is more ranks than one machine runs here (at most {MAX_WORLD_SIZE})")
     if len(set(sizes)) != len(sizes):
         raise SpecError(f"world_size={list(sizes)} repeats a size")
     backend = kwargs.get("backend", "gloo")
@@ -71,8 +76,15 @@ def parse_multirank(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Multirank
         if size % nodes:
             raise SpecError(f"world_size={size} cannot be split evenly over nodes={nodes}")
     timeout = kwargs.get("timeout")
-    if timeout is not None and (not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or timeout <= 0):
-        raise SpecError(f"timeout must be a number of seconds > 0 or None, got {_describe(timeout)}")
+    if timeout is not None and (
+        not isinstance(timeout, numbers.Real)
+        or isinstance(timeout, bool)
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_SECONDS
+    ):
+        raise SpecError(
+            f"timeout must be a number of seconds > 0 and <= {MAX_SECONDS:g}, or None, got {_describe(timeout)}"
+        )
     init = kwargs.get("init_process_group", True)
     if not isinstance(init, bool):
         raise SpecError(f"init_process_group must be True or False, got {_describe(init)}")

@@ -190,10 +190,98 @@ def large_timeline(ranks: int, per_rank: int) -> tuple[int, float, int]:
             cwd=d,
             check=False,
         ).stdout
-    rows = [line.split()[1:] for line in out.splitlines() if "LARGE " in line]
+    rows = [line[line.index("LARGE ") :].split()[1:] for line in out.splitlines() if "LARGE " in line]
     if len(rows) != ranks:
         raise RuntimeError(f"the large-timeline session did not report from every rank:\n{out[-3000:]}")
     return int(rows[0][1]), max(float(r[2]) for r in rows), max(int(r[3]) for r in rows)
+
+
+FSDP_STEPS = """
+import time
+import pytest
+import torch
+from pytest_ddphooks.recorder import core
+
+@pytest.mark.multirank(world_size=2, timeout=900)
+def test_fsdp_steps(rank, recorder):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(8, 16)
+
+    def steps(n):
+        started = time.perf_counter()
+        for _ in range(n):
+            model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return (time.perf_counter() - started) / n
+
+    import torch.distributed as dist
+
+    def spin(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    def with_busy_work(fn):
+        # the control: as much plain CPU work before each collective as recording one costs
+        def busy(*args, **kwargs):
+            spin({busy_us} / 1e6)
+            return fn(*args, **kwargs)
+        return busy
+
+    plain = {{name: getattr(dist, name) for name in ("all_gather_single", "reduce_scatter_single")}}
+    steps(10)
+    recording = core._current
+    ratios, control = [], []
+    for _ in range({blocks}):
+        # every rank switches at the same step: the two ranks run in lockstep
+        core._current = recording
+        on = steps({per_block})
+        core._current = None
+        off = steps({per_block})
+        for name, fn in plain.items():
+            setattr(dist, name, with_busy_work(fn))
+        busy = steps({per_block})
+        for name, fn in plain.items():
+            setattr(dist, name, fn)
+        ratios.append(on / off)
+        control.append(busy / off)
+    core._current = recording
+    events = len(recorder._raw)
+    ratios.sort()
+    control.sort()
+    print(f"FSDP {{rank}} {{ratios[len(ratios) // 2]:.4f}} {{events}} {{control[len(control) // 2]:.4f}}")
+"""
+
+
+def fsdp_step_overhead(blocks: int, per_block: int, busy_us: float) -> tuple[float, int, float]:
+    """Median, over alternating blocks of FSDP2 training steps on 2 ranks, of recorded step
+    time over unrecorded (recording switched on and off inside the ranks, so launching them is
+    not part of it); how many events one rank recorded; and the same ratio for plain busy work
+    of ``busy_us`` before each collective instead of recording (what this machine makes of a
+    few microseconds more before a collective)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "test_fsdp_steps.py")
+        with open(path, "w") as f:
+            f.write(FSDP_STEPS.format(blocks=blocks, per_block=per_block, busy_us=busy_us))
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", path],
+            capture_output=True,
+            text=True,
+            cwd=d,
+            check=False,
+        ).stdout
+    rows = [line[line.index("FSDP ") :].split()[1:] for line in out.splitlines() if "FSDP " in line]
+    if not rows:
+        raise RuntimeError(f"the FSDP2 session did not report:\n{out[-3000:]}")
+    return max(float(r[1]) for r in rows) - 1, int(rows[0][2]), max(float(r[3]) for r in rows) - 1
 
 
 def main() -> None:
@@ -258,6 +346,38 @@ def main() -> None:
             " payload limit; the 8 ranks share this machine's 2 cores while each builds the whole timeline.",
         ],
     )
+    progress("FSDP2 steps, recorded and not, alternating inside the ranks")
+    fsdp_blocks, fsdp_per_block = (5, 20) if args.quick else (15, 40)
+    busy_us = max((dist_calls["all_reduce (recorded to file)"] - dist_calls["all_reduce (unpatched)"]) * 1e6, 1.0)
+    fsdp_steps, fsdp_events, fsdp_busy = fsdp_step_overhead(fsdp_blocks, fsdp_per_block, busy_us)
+    report.section(
+        "FSDP2 training steps (fully_shard, 2 ranks): recorded against not, inside the same ranks",
+        table(
+            ["figure", "measured", "target", "met"],
+            [
+                [
+                    f"step time, recorded / not (median of {fsdp_blocks} alternating blocks of {fsdp_per_block} steps)",
+                    f"{fsdp_steps * 100:+.1f}%",
+                    "under 5%",
+                    verdict(fsdp_steps < 0.05),
+                ],
+                [
+                    f"control: {busy_us:.0f} us of plain busy work before each collective instead, / not",
+                    f"{fsdp_busy * 100:+.1f}%",
+                    "",
+                    "",
+                ],
+                ["events recorded per rank (all-gathers, reduce-scatters, their waits)", f"{fsdp_events:,}", "", ""],
+            ],
+        ),
+        [
+            "Recording is switched on and off at the same step on both ranks, so launching ranks and"
+            " warm-up are outside the measurement; the fit rows below include them. The control adds, instead"
+            " of recording, as much plain CPU work before each collective as recording one costs (the"
+            " all_reduce rows above): on 2 cores with both ranks busy, a few microseconds before a gloo"
+            " collective shift when the peer wakes, and cost far more than themselves.",
+        ],
+    )
     epochs, batch = (5, 16) if args.quick else (25, 16)
     fits = []
     overheads: dict[str, float] = {}
@@ -276,19 +396,14 @@ def main() -> None:
             change = f"{(recorded / plain - 1) * 100:+.1f}%"
             fits.append([strategy, record, epochs * steps_per_epoch, repeats, ms(plain), ms(recorded), change])
     headline = overheads["single/hooks"] * 100
-    fsdp = overheads["fsdp/hooks"] * 100
     target = "recording a fit (what Trainer(record=True) instruments) under 3%"
-    fsdp_target = "recording an FSDP2 fit (every all-gather and reduce-scatter too) under 5%"
     report.section(
         f"A reference-trainer fit: {epochs} epochs, recorded vs not (median of {repeats}, rounds interleaved)",
         table(["strategy", "recorded", "steps per rank", "repeats", "not recorded", "recorded", "overhead"], fits)
         + "\n\n"
         + table(
             ["target", "value", "met"],
-            [
-                [target, f"{headline:+.1f}%", verdict(headline < 3.0)],
-                [fsdp_target, f"{fsdp:+.1f}%", verdict(fsdp < 5.0)],
-            ],
+            [[target, f"{headline:+.1f}%", verdict(headline < 3.0)]],
         ),
         [
             "hooks: what Trainer(record=True) instruments (every hook, the strategy's barriers,"

@@ -20,7 +20,7 @@ import sysconfig
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .recorder import collectives, events
 from .recorder.clocks import collective_key
@@ -191,17 +191,55 @@ def _open_collective(spans: list[Span]) -> Span | None:
     return None
 
 
-def stuck_in_desync(timeline: Timeline) -> tuple[object, ...] | None:
-    """The first mismatched collective that every rank which entered it is still inside,
-    with how many events those ranks had recorded (to tell a stuck state from progress);
-    None when there is none."""
-    for m in timeline.collective_mismatches():
-        inst = timeline.instances.get(("c", m.group, m.seq))  # mismatches are of collectives
-        if inst is None or inst.ends or len(inst.starts) < 2:
-            continue
-        counts = tuple(len(timeline.for_rank(r)) for r in sorted(inst.starts))
-        return (m.group, m.seq, tuple(sorted(m.calls.items())), counts)
-    return None
+class DesyncWatch:
+    """Follows the ranks' events as they are written, and says when ranks sit in collectives
+    that can never match: at the same place of a group's sequence, each inside a different
+    call. Each look costs what was recorded since the last one, never the whole run again."""
+
+    def __init__(self) -> None:
+        self._issued: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> call id -> async call's info
+        self._inside: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> call id -> the collective it is in
+        self._counts: dict[int, int] = {}
+
+    def feed(self, rank: int, records: list[events.RawEvent]) -> None:
+        issued = self._issued.setdefault(rank, {})
+        inside = self._inside.setdefault(rank, {})
+        count = self._counts.get(rank, 0)
+        for call_id, _, _, kind, phase, _, info in records:
+            if kind == events.META:
+                continue
+            count += 1
+            if kind == events.COLLECTIVE and info and info.get("seq") and info.get("effective", True):
+                if phase == events.START:
+                    inside[call_id] = info
+                    if info.get("async"):
+                        issued[call_id] = info  # where it completes is its wait
+                else:
+                    inside.pop(call_id, None)
+            elif kind == events.WAIT:
+                if phase == events.START:
+                    waited = issued.pop(int((info or {}).get("of", 0)), None)
+                    if waited is not None:
+                        inside[call_id] = waited
+                else:
+                    inside.pop(call_id, None)
+        self._counts[rank] = count
+
+    def stuck(self) -> tuple[object, ...] | None:
+        """The first collective that ranks are inside with calls that cannot match, with how
+        many events those ranks had recorded (to tell a stuck state from progress); else None."""
+        at: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
+        for rank, calls in self._inside.items():
+            for info in calls.values():
+                at.setdefault(collective_key(info), {})[rank] = info
+        for key in sorted(at, key=lambda k: (int(k[2]), str(k[1]))):
+            ranks = at[key]
+            ops = {r: str(info.get("op")) for r, info in ranks.items()}
+            if len(ranks) < 2 or len({collectives.comparable(ops[r], info) for r, info in ranks.items()}) < 2:
+                continue
+            calls = tuple(sorted((r, collectives.signature(ops[r], info)) for r, info in ranks.items()))
+            return (key[1], key[2], calls, tuple(self._counts.get(r, 0) for r in sorted(ranks)))
+        return None
 
 
 def _hooks(spans: list[Span]) -> str:

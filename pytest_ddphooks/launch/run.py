@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import hangs
-from ..recorder.events import RawEvent, read_raw
+from ..recorder.events import RawEvent, read_new, read_raw
 from ..recorder.timeline import Timeline
 from .job import Job, RankResult, read_text
 from .zygote import Launcher, RankExit
@@ -67,6 +67,8 @@ def run_job(launcher: Launcher, job: Job, *, grace: float = 1.0, desync_poll: fl
     failed_at: float | None = None
     next_poll = started + desync_poll
     seen_stuck: tuple[object, ...] | None = None
+    watch = hangs.DesyncWatch()
+    offsets = dict.fromkeys(range(job.world_size), 0)
     stop_reason = ""
     while len(report.exits) < job.world_size:
         wake = deadline if failed_at is None else min(deadline, failed_at + grace)
@@ -81,7 +83,10 @@ def run_job(launcher: Launcher, job: Job, *, grace: float = 1.0, desync_poll: fl
                 break
             if failed_at is None:
                 next_poll = now + desync_poll
-                stuck = hangs.stuck_in_desync(Timeline.from_raw(_events(job)))
+                for r in offsets:
+                    records, offsets[r] = read_new(job.path(r, "events"), offsets[r])
+                    watch.feed(r, records)
+                stuck = watch.stuck()
                 if stuck is not None and stuck == seen_stuck:
                     report.desynced = True
                     stop_reason = "stopped: blocked in collectives that can never match"

@@ -108,24 +108,33 @@ class EventFile:
 
 def read_raw(path: str | os.PathLike[str]) -> Iterator[RawEvent]:
     """Yield the complete records of an event file; a torn or missing tail is ignored."""
+    yield from read_new(path, 0)[0]
+
+
+def read_new(path: str | os.PathLike[str], offset: int) -> tuple[list[RawEvent], int]:
+    """The complete records from byte ``offset`` on, and the offset after the last of them:
+    a reader that follows a live file reads each record once."""
     try:
         with open(path, "rb") as f:
+            f.seek(offset)
             data = f.read()
     except FileNotFoundError:
-        return
+        return [], offset
+    out: list[RawEvent] = []
     pos, end = 0, len(data)
     while pos + 4 <= end:
         (n,) = _LENGTH.unpack_from(data, pos)
         if n == 0 or pos + 4 + n > end:
-            return
+            break
         try:
             record = marshal.loads(data[pos + 4 : pos + 4 + n])
         except (EOFError, ValueError, TypeError):
-            return
+            break
         if not _well_formed(record):
-            return  # a torn length can frame a prefix that unmarshals: it is not a record
-        yield record
+            break  # a torn length can frame a prefix that unmarshals: it is not a record
+        out.append(record)
         pos += 4 + n
+    return out, offset + pos
 
 
 def _well_formed(record: Any) -> bool:

@@ -159,6 +159,27 @@ def fit_seconds(strategy: str, record: str, epochs: int, batch_size: int, data_d
     return elapsed
 
 
+def _inner_session(source: str, tag: str, ranks: int) -> list[list[str]]:
+    """Run ``source`` as a test file in a pytest session of its own (``-s``: ranks print live);
+    the words after ``tag`` on each line a rank printed, one row per rank."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "test_inner.py")
+        with open(path, "w") as f:
+            f.write(source)
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", path],
+            capture_output=True,
+            text=True,
+            cwd=d,
+            check=False,
+        ).stdout
+    marker = tag + " "
+    rows = [line[line.index(marker) :].split()[1:] for line in out.splitlines() if marker in line]
+    if len(rows) != ranks:
+        raise RuntimeError(f"the inner {tag} session did not report from every rank:\n{out[-3000:]}")
+    return rows
+
+
 LARGE = """
 import resource
 import time
@@ -179,20 +200,7 @@ def test_large(rank, recorder):
 def large_timeline(ranks: int, per_rank: int) -> tuple[int, float, int]:
     """``recorder.timeline()`` in a multirank test whose ranks recorded ``per_rank`` events
     each: (events in the merged timeline, slowest rank's seconds, largest rank's max RSS MiB)."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "test_large.py")
-        with open(path, "w") as f:
-            f.write(LARGE.format(ranks=ranks, per_rank=per_rank))
-        out = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", path],
-            capture_output=True,
-            text=True,
-            cwd=d,
-            check=False,
-        ).stdout
-    rows = [line[line.index("LARGE ") :].split()[1:] for line in out.splitlines() if "LARGE " in line]
-    if len(rows) != ranks:
-        raise RuntimeError(f"the large-timeline session did not report from every rank:\n{out[-3000:]}")
+    rows = _inner_session(LARGE.format(ranks=ranks, per_rank=per_rank), "LARGE", ranks)
     return int(rows[0][1]), max(float(r[2]) for r in rows), max(int(r[3]) for r in rows)
 
 
@@ -267,20 +275,7 @@ def fsdp_step_overhead(blocks: int, per_block: int, busy_us: float) -> tuple[flo
     not part of it); how many events one rank recorded; and the same ratio for plain busy work
     of ``busy_us`` before each collective instead of recording (what this machine makes of a
     few microseconds more before a collective)."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "test_fsdp_steps.py")
-        with open(path, "w") as f:
-            f.write(FSDP_STEPS.format(blocks=blocks, per_block=per_block, busy_us=busy_us))
-        out = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", path],
-            capture_output=True,
-            text=True,
-            cwd=d,
-            check=False,
-        ).stdout
-    rows = [line[line.index("FSDP ") :].split()[1:] for line in out.splitlines() if "FSDP " in line]
-    if not rows:
-        raise RuntimeError(f"the FSDP2 session did not report:\n{out[-3000:]}")
+    rows = _inner_session(FSDP_STEPS.format(blocks=blocks, per_block=per_block, busy_us=busy_us), "FSDP", 2)
     return max(float(r[1]) for r in rows) - 1, int(rows[0][2]), max(float(r[3]) for r in rows) - 1
 
 

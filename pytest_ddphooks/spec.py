@@ -77,14 +77,11 @@ def parse_multirank(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Multirank
             raise SpecError(f"world_size={size} cannot be split evenly over nodes={nodes}")
     timeout = kwargs.get("timeout")
     if timeout is not None and (
-        not isinstance(timeout, numbers.Real)
-        or isinstance(timeout, bool)
-        or not math.isfinite(timeout)
-        or not 0 < timeout <= MAX_SECONDS
+        not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0
     ):
-        raise SpecError(
-            f"timeout must be a number of seconds > 0 and <= {MAX_SECONDS:g}, or None, got {_describe(timeout)}"
-        )
+        raise SpecError(f"timeout must be a number of seconds > 0 or None, got {_describe(timeout)}")
+    if timeout is not None and timeout > MAX_SECONDS:
+        raise SpecError(f"timeout={timeout!r} is more than {MAX_SECONDS:g} seconds")
     init = kwargs.get("init_process_group", True)
     if not isinstance(init, bool):
         raise SpecError(f"init_process_group must be True or False, got {_describe(init)}")

@@ -69,7 +69,7 @@ class Snapshot:
     groups: dict[str, str] = field(default_factory=dict)
     processes: dict[int, str] = field(default_factory=dict)
     threads: dict[int, threading.Thread] = field(default_factory=dict)
-    socket_inodes: frozenset[str] = frozenset()
+    socket_inodes: frozenset[int] = frozenset()
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -153,22 +153,6 @@ def _threads() -> dict[int, threading.Thread]:
     return {t.ident: t for t in threading.enumerate() if t.ident is not None and t.is_alive()}
 
 
-def _socket_inodes() -> frozenset[str]:
-    found = set()
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return frozenset()
-    for name in names:
-        try:
-            link = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:"):
-            found.add(link)
-    return frozenset(found)
-
-
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
 
@@ -206,7 +190,7 @@ class LeakGuard:
         return out
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(_groups(), self._processes(), _threads(), _socket_inodes(), _env())
+        return Snapshot(_groups(), self._processes(), _threads(), frozenset(_fds_by_inode()), _env())
 
     def find(self, before: Snapshot, after: Snapshot | None = None) -> list[Leak]:
         after = after or self.snapshot()
@@ -315,6 +299,7 @@ class LeakGuard:
 
 
 def _fds_by_inode() -> dict[int, list[int]]:
+    """This process's open sockets: inode -> its descriptors."""
     out: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc/self/fd")
@@ -338,10 +323,9 @@ def _await_closed(inodes: set[int], deadline: float) -> None:
         time.sleep(0.01)
 
 
-def _socket_leaks(inodes: frozenset[str]) -> list[Leak]:
+def _socket_leaks(wanted: frozenset[int]) -> list[Leak]:
     import psutil
 
-    wanted = {int(i[len("socket:[") : -1]) for i in inodes}
     leaks: list[Leak] = []
     try:
         conns = psutil.Process().net_connections(kind="inet")

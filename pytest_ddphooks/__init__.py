@@ -1,6 +1,18 @@
-"""pytest-ddphooks: test distributed hook ordering on real multi-process gloo groups."""
+"""pytest-ddphooks: test distributed hook ordering on real multi-process gloo groups.
 
+The package imports without pytest (the pytest layer is ``pytest_ddphooks.plugin``).
+"""
+
+from .errors import DdpHooksWarning, LeakWarning
 from .recorder import NeverWaitedWarning, Recorder, Timeline, TimelineAssertionError
 
 __version__ = "0.1.0"
-__all__ = ["NeverWaitedWarning", "Recorder", "Timeline", "TimelineAssertionError", "__version__"]
+__all__ = [
+    "DdpHooksWarning",
+    "LeakWarning",
+    "NeverWaitedWarning",
+    "Recorder",
+    "Timeline",
+    "TimelineAssertionError",
+    "__version__",
+]

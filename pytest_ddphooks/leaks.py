@@ -19,7 +19,6 @@ import contextlib
 import fnmatch
 import gc
 import os
-import signal
 import socket
 import sys
 import threading
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import releasing, singletons
-from .launch import zygote
+from .launch import procs
 from .launch.rendezvous import DIST_ENV
 
 ENV_NAMES = (*DIST_ENV, "NODE_RANK", "GROUP_RANK")
@@ -177,16 +176,16 @@ class LeakGuard:
     def _processes(self) -> dict[int, str]:
         own = self._own()
         out = {}
-        todo = zygote.children_of(os.getpid())
+        todo = procs.children_of(os.getpid())
         seen: set[int] = set()
         while todo:
             pid = todo.pop()
             if pid in seen or pid in own:
                 continue
             seen.add(pid)
-            if zygote.is_running(pid):
-                out[pid] = zygote.command_line(pid)
-            todo.extend(zygote.children_of(pid))
+            if procs.is_running(pid):
+                out[pid] = procs.command_line(pid)
+            todo.extend(procs.children_of(pid))
         return out
 
     def snapshot(self) -> Snapshot:
@@ -201,7 +200,7 @@ class LeakGuard:
         for pid, cmd in sorted(after.processes.items()):
             if pid not in before.processes:
                 if cmd == "?":  # caught between fork and exec: let it become what it runs
-                    cmd = zygote.command_line(pid, settle=True)
+                    cmd = procs.command_line(pid, settle=True)
                 leaks.append(Leak("process", cmd, f"process {pid} is still running: {cmd}", pid))
         for ident, t in after.threads.items():
             if ident not in before.threads or before.threads[ident] is not t:
@@ -234,7 +233,7 @@ class LeakGuard:
         for leak in leaks:  # processes first: a thread may be waiting for one
             if leak.kind == "process" and leak.ref:
                 until = max(deadline, time.monotonic() + singletons.patience(leak, leak.ref))
-                while zygote.is_running(leak.ref) and time.monotonic() < until:
+                while procs.is_running(leak.ref) and time.monotonic() < until:
                     time.sleep(0.01)
         alive = _threads()
         for leak in leaks:
@@ -259,7 +258,7 @@ class LeakGuard:
         for leak in leaks:
             if leak.kind == "process":
                 if leak.ref:
-                    kill_tree(leak.ref)
+                    procs.kill_tree(leak.ref, wait=2.0)
                 out.append(Outcome(leak, True, "killed"))
             elif leak.kind == "env":
                 if leak.key in before.env:
@@ -447,16 +446,3 @@ def destroy_groups() -> list[str]:
     if error:
         return [f"destroy_process_group() raised {type(error[0]).__name__}: {error[0]}"]
     return []
-
-
-def kill_tree(pid: int, wait: float = 2.0) -> None:
-    """SIGKILL a process and everything under it, and wait until they stopped running.
-    Nothing is reaped: the owner of a ``Popen`` or ``multiprocessing.Process`` must still
-    learn how its process ended."""
-    tree = [pid, *zygote.descendants_of(pid)]
-    for p in tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, signal.SIGKILL)
-    deadline = time.monotonic() + wait
-    while any(zygote.is_running(p) for p in tree) and time.monotonic() < deadline:
-        time.sleep(0.005)

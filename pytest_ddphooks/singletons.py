@@ -14,12 +14,17 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .launch import zygote
+from .launch import procs
 
-if TYPE_CHECKING:
-    from .leaks import Leak
+
+class Leak(Protocol):
+    """What is matched of a leak (``leaks.Leak``)."""
+
+    kind: str
+    key: str
+    ref: int
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ KNOWN: tuple[Singleton, ...] = (
 def _relaunch_of_this_session(pid: Any) -> bool:
     """A pytest running this session's own command line again: another rank of a job whose
     launcher relaunches the script (Lightning's DDP launcher does, for rank 1 and up)."""
-    command = zygote.command_line(int(pid))
+    command = procs.command_line(int(pid))
     return "pytest" in command and command.startswith(sys.executable) and command.endswith(" ".join(sys.argv[1:]))
 
 

@@ -14,7 +14,6 @@ tree killed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -23,9 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .hangs import Stacks, dump_stacks
-from .launch import zygote
-from .launch.job import read_text
+from .files import read_text
+from .launch import procs
+from .stacks import Stacks, dump_stacks
 
 STARTUP_LIMIT = 120.0  # seconds to start an interpreter and collect one test file
 EXIT_GRACE = 30.0  # seconds to end the interpreter once the test's last report is in
@@ -93,12 +92,7 @@ def _read_messages(path: str) -> list[dict[str, Any]]:
 
 
 def _kill_session(pid: int) -> None:
-    tree = [pid, *zygote.descendants_of(pid)]
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    for p in tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, signal.SIGKILL)
+    procs.kill_tree(pid, group=pid)
 
 
 def run_isolated(

@@ -21,7 +21,15 @@ def test_x(rank):
     [
         (["--ddp-timeout=nan"], "", "--ddp-timeout=nan: the time limit must be a number of seconds > 0 and <= 1e+06"),
         (["--ddp-timeout=inf"], "", "--ddp-timeout=inf: the time limit must be a number of seconds > 0 and <= 1e+06"),
-        (["--ddp-timeout=-1"], "", "--ddp-timeout=-1.0: the time limit must be a number of seconds > 0*"),
+        (["--ddp-timeout=-1"], "", "--ddp-timeout=-1: the time limit must be a number of seconds > 0*"),
+        (["--ddp-timeout=abc"], "", "--ddp-timeout=abc: not a number of seconds"),
+        ([], "ddp_leaks = loud", "ini ddp_leaks = loud: use one of fail, warn, off"),
+        ([], "ddp_spmd = maybe", "ini ddp_spmd = maybe: use one of auto, on, off"),
+        (
+            [],
+            "ddp_leaks_allow =\n    kettle:*",
+            "ini ddp_leaks_allow: leak allowlist entry 'kettle:*': the kind must be*",
+        ),
         ([], "ddp_timeout = abc", "ini ddp_timeout = abc: not a number of seconds"),
         (["--ddp-spmd=on"], "", "--ddp-spmd=on needs the environment torchrun gives its ranks*"),
     ],
@@ -46,7 +54,7 @@ def test_a_bad_option_stops_the_run_once_at_start(pytester, args, ini, words) ->
         ("world_size=10**6", "world_size=1000000 is more ranks than one machine runs here (at most 1024)"),
     ],
 )
-def test_a_bad_marker_argument_is_a_collection_error_naming_it(pytester, marker, words) -> None:
+def test_a_bad_marker_argument_is_an_error_naming_it(pytester, marker, words) -> None:
     pytester.makepyfile(
         test_marker=f"""
         import pytest

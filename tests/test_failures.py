@@ -218,7 +218,7 @@ BAD_MARKERS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_MARKERS))
-def test_bad_marker_input_is_a_collection_error_and_spawns_nothing(inner, tmp_path, case: str) -> None:
+def test_a_bad_marker_is_an_error_of_its_test_alone_and_spawns_nothing(inner, tmp_path, case: str) -> None:
     args, words = BAD_MARKERS[case]
     flag = tmp_path / "ran"
     ran = inner(
@@ -234,9 +234,55 @@ def test_bad_marker_input_is_a_collection_error_and_spawns_nothing(inner, tmp_pa
             open({str(flag)!r}, "a").write("bad ran")
         """
     )
-    ran.result.assert_outcomes(errors=1)
-    ran.lines("*ERROR collecting test_inner.py*", f"test_inner.py::test_bad: @pytest.mark.multirank: {words}")
-    assert not flag.exists(), "no rank may run when collection failed"
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines("*ERROR at setup of test_bad*", f"test_inner.py::test_bad: @pytest.mark.multirank: {words}")
+    assert flag.read_text() == "good ran" * 2, "the bad test never runs; the module's good test does, on 2 ranks"
+
+
+def test_every_bad_marker_of_a_module_is_named_in_one_run(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=0)
+        def test_zero(rank):
+            pass
+
+        @pytest.mark.multirank(world_size=2, timeout=float("nan"))
+        def test_nan(rank):
+            pass
+
+        @pytest.mark.multirank(world_size=2)
+        def test_good(rank):
+            pass
+        """
+    )
+    ran.result.assert_outcomes(passed=1, errors=2)
+    ran.lines(
+        "*test_inner.py::test_zero: @pytest.mark.multirank: world_size must be an int >= 1*",
+        "*test_inner.py::test_nan: @pytest.mark.multirank: timeout must be a number of seconds > 0 or None, got nan*",
+    )
+
+
+def test_stacked_multirank_markers_are_an_error(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        @pytest.mark.multirank(world_size=4)
+        def test_twice(rank):
+            pass
+
+        @pytest.mark.multirank(world_size=3)
+        class TestClass:
+            @pytest.mark.multirank(world_size=2)
+            def test_closest_wins(self, world_size):
+                assert world_size == 2
+        """
+    )
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines("*test_inner.py::test_twice: @pytest.mark.multirank is given 2 times on this test; give it once*")
 
 
 def test_unittest_methods_are_refused_clearly(inner) -> None:
@@ -252,8 +298,11 @@ def test_unittest_methods_are_refused_clearly(inner) -> None:
         """,
         "-rs",
     )
-    ran.result.assert_outcomes(skipped=1)
-    ran.lines("*multirank runs pytest test functions only*")
+    ran.result.assert_outcomes(errors=1)
+    ran.lines(
+        "*test_inner.py::TestCase::test_method: @pytest.mark.multirank runs pytest test functions on the ranks,"
+        " not a unittest.TestCase method*"
+    )
 
 
 def _processes_with(tag: str) -> list[int]:

@@ -18,7 +18,7 @@ def test_rank_that_returns_early_leaves_the_others_in_barrier(inner) -> None:
         import pytest
         import torch.distributed as dist
 
-        @pytest.mark.multirank(world_size=3, timeout=2)
+        @pytest.mark.multirank(world_size=3, timeout=60)
         def test_early_return(rank):
             dist.barrier()
             if rank == 2:
@@ -28,8 +28,10 @@ def test_rank_that_returns_early_leaves_the_others_in_barrier(inner) -> None:
         + NEXT
     )
     ran.result.assert_outcomes(failed=1, passed=1)
+    assert ran.seconds < 30, "diagnosed as soon as rank 2 left, not at the limit"
     ran.lines(
-        "hang: the test did not finish within 2 s (3 ranks)",
+        "hang: the ranks were stopped after * s, not at the 60 s limit: they wait for ranks that finished the test",
+        "  rank 2 finished the test without calling barrier #2 on the default group; ranks 0,1 wait in it",
         "  rank 0: blocked in barrier #2 on the default group for *",
         "    ranks that never entered barrier #2: 2",
         "    stuck at test_inner.py:9 in test_early_return: dist.barrier()",
@@ -40,7 +42,7 @@ def test_rank_that_returns_early_leaves_the_others_in_barrier(inner) -> None:
         "rank 0 stack, MainThread (most recent call last):", '  File "test_inner.py", line 9, in test_early_return'
     )
     ran.lines("recorded timeline:", "rank 0 * | rank 1 * | rank 2", "*= barrier #1 =*= barrier #1 =*= barrier #1 =*")
-    ran.lines("FAILED test_inner.py::test_early_return - hang after 2 s; rank 0: blocked in *")
+    ran.lines("FAILED test_inner.py::test_early_return - rank 2 finished the test*")
 
 
 def test_all_reduce_against_broadcast_is_a_desync_said_first(inner) -> None:
@@ -205,6 +207,8 @@ def test_hang_inside_an_instrumented_hook_names_the_hook(inner) -> None:
 def test_pytest_timeout_value_is_used_and_the_session_survives(inner) -> None:
     ran = inner(
         """
+        import time
+
         import pytest
         import torch.distributed as dist
 
@@ -212,12 +216,16 @@ def test_pytest_timeout_value_is_used_and_the_session_survives(inner) -> None:
         def test_hang(rank):
             if rank == 0:
                 dist.barrier()
+            else:
+                time.sleep(600)  # never enters it: a hang only the limit ends
 
         @pytest.mark.timeout(1)
         @pytest.mark.multirank(world_size=2)
         def test_marker_wins(rank):
             if rank == 0:
                 dist.barrier()
+            else:
+                time.sleep(600)  # never enters it: a hang only the limit ends
         """
         + NEXT,
         "--timeout=2",
@@ -234,6 +242,8 @@ def test_pytest_timeout_value_is_used_and_the_session_survives(inner) -> None:
 def test_marker_timeout_beats_pytest_timeout_and_ddp_timeout(inner) -> None:
     ran = inner(
         """
+        import time
+
         import pytest
         import torch.distributed as dist
 
@@ -241,6 +251,8 @@ def test_marker_timeout_beats_pytest_timeout_and_ddp_timeout(inner) -> None:
         def test_hang(rank):
             if rank == 0:
                 dist.barrier()
+            else:
+                time.sleep(600)  # never enters it: a hang only the limit ends
         """,
         "--timeout=30",
         "--ddp-timeout=40",
@@ -251,6 +263,8 @@ def test_marker_timeout_beats_pytest_timeout_and_ddp_timeout(inner) -> None:
 def test_ddp_timeout_option_and_ini(inner, pytester) -> None:
     pytester.makeini("[pytest]\nddp_timeout = 1.5\n")
     source = """
+        import time
+
         import pytest
         import torch.distributed as dist
 
@@ -258,6 +272,8 @@ def test_ddp_timeout_option_and_ini(inner, pytester) -> None:
         def test_hang(rank):
             if rank == 0:
                 dist.barrier()
+            else:
+                time.sleep(600)  # never enters it: a hang only the limit ends
         """
     ran = inner(source)
     ran.lines("hang: the test did not finish within 1.5 s (2 ranks)")

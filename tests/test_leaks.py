@@ -131,7 +131,7 @@ def test_leak_fails_the_test_in_teardown_naming_it(pytester, kind: str) -> None:
 def test_clean_test_stays_silent(pytester, kind: str) -> None:
     _, tidy, _ = LEAKS[kind]
     pytester.makepyfile(test_tidy=_module(tidy))
-    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "error::pytest_ddphooks.plugin_leaks.LeakWarning")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "error::pytest_ddphooks.LeakWarning")
     result.assert_outcomes(passed=2)
     result.stdout.no_fnmatch_line("*leaked*")
 

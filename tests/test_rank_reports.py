@@ -8,7 +8,8 @@ import signal
 import time
 
 from pytest_ddphooks.launch.job import Job
-from pytest_ddphooks.launch.zygote import Launcher, is_running
+from pytest_ddphooks.launch.launcher import Launcher
+from pytest_ddphooks.launch.procs import is_running
 
 WARNS = """
 import warnings

@@ -197,6 +197,8 @@ def test_special_test_that_hangs_is_killed_and_the_session_goes_on(pytester) -> 
             import torch.distributed as dist
             if rank == 0:
                 dist.barrier()
+            else:
+                time.sleep(600)
 
         def test_after():
             pass

@@ -1,13 +1,104 @@
-"""Length-prefixed pickled messages between the pytest process and the warm launcher."""
+"""The messages between the pytest process and its fork server, length-prefixed and pickled.
+
+Requests go from the pytest process to the fork server; every other message comes back.
+``Exited`` and ``Noted`` arrive whenever a rank ends or reaches a phase, between the replies.
+"""
 
 from __future__ import annotations
 
 import pickle
 import socket
 import struct
+from dataclasses import dataclass
 from typing import Any
 
+from ..report import RankExit
+from .job import Job
+
 _HEADER = struct.Struct("<Q")
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Fork the ranks of a job."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Kill every process of a run; answered by its ``Exited`` messages, then ``Killed``."""
+
+    test_id: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The run is over: kill what its ranks abandoned; answered by ``Finished``."""
+
+    test_id: str
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the fork server has (torch version, visible GPUs); answered by ``Probed``."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Kill everything and end."""
+
+
+# -- replies and reports -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spawned:
+    test_id: str
+    pids: dict[int, int]  # rank -> pid
+
+
+@dataclass(frozen=True)
+class Exited:
+    test_id: str
+    exit: RankExit
+
+
+@dataclass(frozen=True)
+class Noted:
+    """A rank reached a phase: ``setup`` (its fixtures are set up, or failed to), ``done``
+    (its result is written)."""
+
+    test_id: str
+    rank: int
+    phase: str
+    status: str
+
+
+@dataclass(frozen=True)
+class Killed:
+    test_id: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    test_id: str
+    swept: list[tuple[int, str]]  # (pid, command line) of abandoned processes it killed
+
+
+@dataclass(frozen=True)
+class Probed:
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A request could not be carried out."""
+
+    error: str
 
 
 def send(sock: socket.socket, message: Any) -> None:
@@ -29,3 +120,19 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
 def recv(sock: socket.socket) -> Any:
     (n,) = _HEADER.unpack(_read_exact(sock, _HEADER.size))
     return pickle.loads(_read_exact(sock, n))
+
+
+def note_line(rank: int, phase: str, status: str) -> bytes:
+    """What a rank writes to its run's note pipe (one short line: a single atomic write)."""
+    return f"{rank} {phase} {status}\n".encode()
+
+
+def parse_notes(buffer: bytes) -> tuple[list[tuple[int, str, str]], bytes]:
+    """The complete note lines in ``buffer``, and what is left of an incomplete one."""
+    *lines, rest = buffer.split(b"\n")
+    notes = []
+    for line in lines:
+        parts = line.decode(errors="replace").split(" ", 2)
+        if len(parts) == 3 and parts[0].isdigit():
+            notes.append((int(parts[0]), parts[1], parts[2]))
+    return notes, rest

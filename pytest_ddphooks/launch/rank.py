@@ -26,8 +26,9 @@ from typing import Any, NoReturn
 
 from .. import blobs
 from ..recorder import Recorder
-from . import rendezvous, zygote
-from .job import Job, RankResult
+from ..report import RankResult
+from . import procs, protocol, rendezvous
+from .job import Job
 
 _keep: list[Any] = []  # files that must stay open for the signal handlers
 
@@ -44,6 +45,20 @@ class RankContext:
     node_rank: int
     recorder: Recorder
     store: Any  # the run's own key-value store (a PrefixStore), for the harness
+    notes: int = -1  # the write end of the run's note pipe
+
+    def note(self, phase: str, status: str) -> None:
+        """Tell the pytest process (through the fork server) that this rank reached ``phase``."""
+        note(self.notes, self.rank, phase, status)
+
+
+RankBody = Callable[[RankContext], RankResult]
+
+
+def note(fd: int, rank: int, phase: str, status: str) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.write(fd, protocol.note_line(rank, phase, status))
 
 
 def _redirect_output(job: Job, rank: int) -> None:
@@ -128,10 +143,9 @@ def _init_group(job: Job, rank: int, store: Any, group_timeout: float) -> None:
 def _kill_children() -> list[tuple[int, str]]:
     """Processes this rank started and left running: killed, and named for the report."""
     found = []
-    for pid in zygote.descendants_of(os.getpid()):
-        found.append((pid, zygote.command_line(pid, settle=True)))
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    for pid in procs.descendants_of(os.getpid()):
+        found.append((pid, procs.command_line(pid, settle=True)))
+    procs.kill_tree(os.getpid(), include_root=False)
     return found
 
 
@@ -140,9 +154,9 @@ def group_timeout(job: Job) -> float:
     return job.group_timeout or job.timeout + 60.0
 
 
-def rank_main(job: Job, rank: int, port: int, listener: Any, body: Callable[[RankContext], RankResult]) -> NoReturn:
+def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: RankBody) -> NoReturn:
     started = time.monotonic()
-    zygote.prctl(zygote.PR_SET_PDEATHSIG, signal.SIGKILL)
+    procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
     store = None
     result: RankResult
     try:
@@ -153,7 +167,7 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, body: Callable[[Ran
         limit = group_timeout(job)
         raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
         if rank != 0:
-            zygote.retire(listener.fileno())
+            procs.retire(listener.fileno())
         import torch.distributed as dist
 
         store = dist.PrefixStore("ddphooks/", raw_store)
@@ -162,8 +176,9 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, body: Callable[[Ran
         if job.init_process_group:
             _init_group(job, rank, raw_store, limit)
         local = job.local_world_size
-        ctx = RankContext(job, rank, job.world_size, rank % local, local, rank // local, recorder, store)
+        ctx = RankContext(job, rank, job.world_size, rank % local, local, rank // local, recorder, store, notes)
         result = body(ctx)
+        recorder.write_final_counters()
     except BaseException as exc:
         result = RankResult(
             rank,
@@ -171,6 +186,7 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, body: Callable[[Ran
             longrepr=traceback.format_exc(),
             message=f"{type(exc).__name__}: {exc}",
             harness_error=True,
+            phase="setup",
         )
     result.duration = time.monotonic() - started
     with contextlib.suppress(Exception):  # never lose the result over the leak check
@@ -179,8 +195,9 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, body: Callable[[Ran
         with contextlib.suppress(Exception):
             stream.flush()
     result.write(job.path(rank, "result"))
+    note(notes, rank, "done", result.outcome)
     # from here on the rank only takes its leave: nothing it prints is the test's output
-    zygote.retire(1, 2)
+    procs.retire(1, 2)
     if store is not None:
         with contextlib.suppress(Exception):
             _exit_barrier(store, rank, job.world_size, result.outcome == "failed", group_timeout(job))

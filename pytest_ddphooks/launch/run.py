@@ -1,145 +1,192 @@
 """One multirank run from the pytest process's side: start, watch, stop, collect.
 
-A rank that dies stops the others at once. A rank whose body failed gives the others a
-short grace (they often fail the same way a moment later, or error out of a collective
-with it), then they are stopped. At the time limit every live rank's stacks are taken and
-the whole tree is killed. Ranks that sit in collectives that can never match (a desync:
-rank 0 in all_reduce #3, rank 1 in broadcast #3) are stopped as soon as that is seen twice
-in a row with no progress, instead of at the limit. In every case what the ranks wrote
+A rank that dies stops the others at once. A rank whose test failed gives the others a short
+grace (they often fail the same way a moment later, or error out of a collective with it),
+then they are stopped. At the time limit every live rank's stacks are taken and the whole
+tree is killed. Two kinds of hang are stopped early, from what the ranks recorded (see
+``progress``): ranks blocked in collectives that can never match (a desync), seen twice in a
+row with no progress; and a rank waiting in a collective or ``timeline()`` that a rank which
+finished the test never entered (a stall), seen once. In every case what the ranks wrote
 survives: results, output, and the events they recorded up to the end.
+
+The run is followed in two steps, so that pytest reports each phase where it happened:
+``wait_setup`` returns once every rank has set up its fixtures (or the run is over),
+``wait_end`` once every rank has ended.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass, field
 
-from .. import hangs
-from ..recorder.events import RawEvent, read_new, read_raw
+from ..files import read_text
+from ..progress import RankProgress
+from ..recorder.events import read_new, read_raw
 from ..recorder.timeline import Timeline
-from .job import Job, RankResult, read_text
-from .zygote import Launcher, RankExit
+from ..report import RankExit, RankResult, RunReport, Stall
+from ..stacks import dump_stacks
+from . import procs, protocol
+from .job import Job
+from .launcher import Launcher
 
-# how often a waiting run looks for a desync; two looks in a row must agree
-DESYNC_POLL_SECONDS = 0.5
-
-
-@dataclass
-class RunReport:
-    job: Job
-    pids: dict[int, int]
-    results: dict[int, RankResult] = field(default_factory=dict)
-    exits: dict[int, RankExit] = field(default_factory=dict)
-    stopped: dict[int, str] = field(default_factory=dict)  # rank -> why the harness stopped it
-    timed_out: bool = False
-    desynced: bool = False  # stopped early: blocked in collectives that can never match
-    first_failure: int | None = None
-    stacks: dict[int, hangs.Stacks] = field(default_factory=dict)
-    outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
-    timeline: Timeline | None = None
-    thread_idents: dict[tuple[int, int], int] = field(default_factory=dict)
-    swept: list[tuple[int, str]] = field(default_factory=list)
-    duration: float = 0.0
-    stopped_at_ns: int = 0
-
-    @property
-    def stuck(self) -> bool:
-        """The ranks were stopped while stuck: at the time limit, or early in a desync."""
-        return self.timed_out or self.desynced
-
-    def died(self, rank: int) -> bool:
-        ex = self.exits.get(rank)
-        if rank in self.stopped:
-            return False
-        return rank not in self.results or (ex is not None and (ex.signal is not None or ex.code != 0))
+# how often a waiting run looks at what the ranks recorded; a desync must be seen twice
+POLL_SECONDS = 0.5
 
 
-def _events(job: Job) -> dict[int, list[RawEvent]]:
-    return {r: list(read_raw(job.path(r, "events"))) for r in range(job.world_size)}
+class RunWatch:
+    def __init__(self, launcher: Launcher, job: Job, *, grace: float = 1.0, poll: float = POLL_SECONDS) -> None:
+        self.launcher = launcher
+        self.job = job
+        self.grace = grace
+        self.poll = poll
+        self.report = RunReport(job.world_size, job.timeout)
+        self.pids: dict[int, int] = {}
+        self.setup_done: set[int] = set()
+        self.finished: dict[int, str] = {}  # rank -> its outcome, once its result is written
+        self.over = False
+        self._progress = RankProgress()
+        self._offsets = dict.fromkeys(range(job.world_size), 0)
+        self._seen_desync: tuple[object, ...] | None = None
+        self._started = self._deadline = self._next_poll = 0.0
+        self._failed_at: float | None = None
 
+    def start(self) -> None:
+        self._started = time.monotonic()
+        self.pids = self.launcher.spawn(self.job)
+        self._deadline = self._started + self.job.timeout
+        self._next_poll = self._started + self.poll
 
-def run_job(launcher: Launcher, job: Job, *, grace: float = 1.0, desync_poll: float = DESYNC_POLL_SECONDS) -> RunReport:
-    started = time.monotonic()
-    pids = launcher.spawn(job)
-    report = RunReport(job, pids)
-    deadline = started + job.timeout
-    failed_at: float | None = None
-    next_poll = started + desync_poll
-    seen_stuck: tuple[object, ...] | None = None
-    watch = hangs.DesyncWatch()
-    offsets = dict.fromkeys(range(job.world_size), 0)
-    stop_reason = ""
-    while len(report.exits) < job.world_size:
-        wake = deadline if failed_at is None else min(deadline, failed_at + grace)
-        if failed_at is None:
-            wake = min(wake, next_poll)
-        ex = launcher.next_exit(job.test_id, max(wake - time.monotonic(), 0.0))
-        if ex is None:
-            now = time.monotonic()
-            if now >= deadline:
-                report.timed_out = True
-                stop_reason = f"timed out after {job.timeout:g} s"
-                break
-            if failed_at is None:
-                next_poll = now + desync_poll
-                for r in offsets:
-                    records, offsets[r] = read_new(job.path(r, "events"), offsets[r])
-                    watch.feed(r, records)
-                stuck = watch.stuck()
-                if stuck is not None and stuck == seen_stuck:
-                    report.desynced = True
-                    stop_reason = "stopped: blocked in collectives that can never match"
-                    break
-                seen_stuck = stuck
-                continue
-            stop_reason = f"stopped after rank {report.first_failure} failed"
-            break
+    # -- following the run ---------------------------------------------------------------
+
+    def wait_setup(self) -> None:
+        """Until every rank has set up its fixtures, or the run is over."""
+        self._follow(lambda: len(self.setup_done) == self.job.world_size)
+
+    def wait_end(self) -> RunReport:
+        """Until every rank has ended (stopping the rest when it must); what was observed."""
+        self._follow(lambda: False)
+        return self._collect()
+
+    def _follow(self, done: object) -> None:
+        while not self.over and not done():  # type: ignore[operator]
+            wake = self._deadline
+            if self._failed_at is not None:
+                wake = min(wake, self._failed_at + self.grace)
+            else:
+                wake = min(wake, self._next_poll)
+            event = self.launcher.next_event(self.job.test_id, max(wake - time.monotonic(), 0.0))
+            if event is None:
+                self._on_tick()
+            elif isinstance(event, protocol.Noted):
+                self._on_note(event)
+            else:
+                self._on_exit(event.exit)
+
+    def _on_tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._deadline:
+            self.report.timed_out = True
+            self._stop(f"timed out after {self.job.timeout:g} s")
+        elif self._failed_at is not None:
+            if now >= self._failed_at + self.grace:
+                self._stop(f"stopped after rank {self.report.first_failure} failed")
+        elif now >= self._next_poll:
+            self._next_poll = now + self.poll
+            self._look()
+
+    def _on_note(self, note: protocol.Noted) -> None:
+        if note.phase == "setup":
+            self.setup_done.add(note.rank)
+        elif note.phase == "done":
+            self.finished[note.rank] = note.status
+            # a failed rank leaves at once: its exit stops the others, as a failure
+            if note.status != "failed" and self._failed_at is None and len(self.finished) < self.job.world_size:
+                self._look(stall_only=True)
+
+    def _on_exit(self, ex: RankExit) -> None:
+        report = self.report
         report.exits[ex.rank] = ex
-        result = RankResult.read(job.path(ex.rank, "result"))
+        result = RankResult.read(self.job.path(ex.rank, "result"))
         if result is not None:
             report.results[ex.rank] = result
-        died = result is None or ex.signal is not None or ex.code != 0
+            self.finished.setdefault(ex.rank, result.outcome)
+        died = result is None or not ex.clean
         if died or result.outcome == "failed":
             if report.first_failure is None:
                 report.first_failure = ex.rank
-                failed_at = time.monotonic()
+                self._failed_at = time.monotonic()
             if died:
-                stop_reason = f"stopped after rank {ex.rank} died ({ex.describe()})"
-                break
-    live = {r: p for r, p in pids.items() if r not in report.exits}
-    if live:
-        report.stopped_at_ns = time.time_ns()
-        report.stacks = hangs.collect_stacks(live, job)
-        for r in live:
-            report.stopped[r] = stop_reason
-        for ex in launcher.kill(job.test_id):
-            report.exits.setdefault(ex.rank, ex)
-            if not ex.by_harness and (ex.signal is not None or ex.code != 0):
-                report.stopped.pop(ex.rank, None)  # it died on its own before it was stopped
-        for r in live:
-            late = RankResult.read(job.path(r, "result"))
-            if late is not None:
-                report.results[r] = late
-    report.swept = launcher.finish(job.test_id)
-    report.duration = time.monotonic() - started
-    for r in range(job.world_size):
-        out, err = read_text(job.path(r, "out")), read_text(job.path(r, "err"))
-        if out or err:
-            report.outputs[r] = (out, err)
-    raw = _events(job)
-    report.timeline = Timeline.from_raw(raw)
-    report.thread_idents = {
-        (r, int(rec[2])): int(rec[6]["ident"])
-        for r, recs in raw.items()
-        for rec in recs
-        if rec[3] == "meta" and rec[6] and "ident" in rec[6]
-    }
-    return report
+                self._stop(f"stopped after rank {ex.rank} died ({ex.describe()})")
+                return
+        if len(report.exits) == self.job.world_size:
+            self.over = True
+
+    def _look(self, stall_only: bool = False) -> None:
+        """Read what the ranks recorded since the last look; stop a desync or a stall."""
+        for r in self._offsets:
+            records, self._offsets[r] = read_new(self.job.path(r, "events"), self._offsets[r])
+            self._progress.feed(r, records)
+        live = {r for r in range(self.job.world_size) if r not in self.finished and r not in self.report.exits}
+        left = {r: outcome for r, outcome in self.finished.items() if outcome != "failed"}
+        stalled = self._progress.stalled(left, live, self.job.world_size) if left else {}
+        if stalled:
+            waited_for = sorted({r for _, absent in stalled.values() for r in absent})
+            self.report.stall = Stall({r: what for r, (what, _) in stalled.items()}, {r: left[r] for r in waited_for})
+            self._stop("stopped: it waited for ranks that had finished the test")
+            return
+        if stall_only:
+            return
+        desync = self._progress.desync()
+        if desync is not None and desync == self._seen_desync:
+            self.report.desynced = True
+            self._stop("stopped: blocked in collectives that can never match")
+            return
+        self._seen_desync = desync
+
+    # -- ending it -----------------------------------------------------------------------
+
+    def _stop(self, reason: str) -> None:
+        """Take the stacks of every live rank, then kill the whole tree of the run."""
+        report = self.report
+        live = {r: p for r, p in self.pids.items() if r not in report.exits}
+        if live:
+            report.stopped_at_ns = time.time_ns()
+            report.frozen = {r for r, p in live.items() if procs.is_frozen(p)}
+            targets = {r: (p, self.job.path(r, "stacks")) for r, p in live.items()}
+            # a frozen rank answers once continued: it is killed right after anyway
+            report.stacks = dump_stacks(targets, resume={p for r, p in live.items() if r in report.frozen})
+            for r in live:
+                report.stopped[r] = reason
+            for ex in self.launcher.kill(self.job.test_id):
+                report.exits.setdefault(ex.rank, ex)
+                if not ex.by_harness and not ex.clean:
+                    report.stopped.pop(ex.rank, None)  # it died on its own before it was stopped
+            for r in live:
+                late = RankResult.read(self.job.path(r, "result"))
+                if late is not None:
+                    report.results[r] = late
+        self.over = True
+
+    def _collect(self) -> RunReport:
+        report, job = self.report, self.job
+        report.swept = self.launcher.finish(job.test_id)
+        report.duration = time.monotonic() - self._started
+        for r in range(job.world_size):
+            out, err = read_text(job.path(r, "out")), read_text(job.path(r, "err"))
+            if out or err:
+                report.outputs[r] = (out, err)
+        raw = {r: list(read_raw(job.path(r, "events"))) for r in range(job.world_size)}
+        report.timeline = Timeline.from_raw(raw)
+        report.thread_idents = {
+            (r, int(rec[2])): int(rec[6]["ident"])
+            for r, recs in raw.items()
+            for rec in recs
+            if rec[3] == "meta" and rec[6] and "ident" in rec[6]
+        }
+        return report
 
 
-def remove_run_dir(job: Job) -> None:
-    """Delete a run's folder; only ever called after its ranks are gone."""
-    for name in os.listdir(job.run_dir):
-        os.unlink(os.path.join(job.run_dir, name))
-    os.rmdir(job.run_dir)
+def run_job(launcher: Launcher, job: Job, **kwargs: float) -> RunReport:
+    """A whole run in one call (for tools and benchmarks)."""
+    watch = RunWatch(launcher, job, **kwargs)
+    watch.start()
+    return watch.wait_end()

@@ -32,8 +32,9 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import collectives, core, events
+from . import active, collectives, events
 from .collectives import OPS, PAYLOAD_ARG, describe_tensor
+from .log import EventLog, error_text
 
 _C10D = "torch.distributed.distributed_c10d"
 _FUNCOL = "torch.distributed._functional_collectives"
@@ -164,7 +165,7 @@ class _Call:
         self.info, self.pg, self.counter, self.p2p = info, pg, counter, p2p
 
 
-def _on_group(rec: core.Recorder, op: str, group: Any, api: str | None, async_op: bool) -> tuple[_Call, str] | _Call:
+def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: bool) -> tuple[_Call, str] | _Call:
     """The part of a call's description every API shares; a bare call when it reaches no group."""
     dist = _dist()
     world = dist.GroupMember.WORLD  # the default group; None before it exists
@@ -192,7 +193,7 @@ def _on_group(rec: core.Recorder, op: str, group: Any, api: str | None, async_op
 
 
 def _collective(
-    rec: core.Recorder,
+    rec: EventLog,
     op: str,
     group: Any,
     *,
@@ -224,7 +225,7 @@ def _collective(
 
 
 def _point_to_point(
-    rec: core.Recorder,
+    rec: EventLog,
     op: str,
     group: Any,
     sync: str,
@@ -250,7 +251,7 @@ def _point_to_point(
     return call
 
 
-def _received(rec: core.Recorder, call: _Call, src: Any) -> dict[str, Any]:
+def _received(rec: EventLog, call: _Call, src: Any) -> dict[str, Any]:
     """The pairing of a receive, known once it returned (who sent, for ``src=None``)."""
     info = call.info
     if info.get("sync") != collectives.RECV or "group" not in info or src is None:
@@ -260,7 +261,7 @@ def _received(rec: core.Recorder, call: _Call, src: Any) -> dict[str, Any]:
 
 
 def _run(
-    rec: core.Recorder,
+    rec: EventLog,
     kind: str,
     name: str,
     call: _Call,
@@ -277,7 +278,7 @@ def _run(
         result = run()
     except BaseException as exc:
         _tls.depth = 0
-        failed: dict[str, Any] = {"error": core._error_text(exc)}
+        failed: dict[str, Any] = {"error": error_text(exc)}
         if info.get("async"):
             failed["async"] = True
         rec.counted(info.get("group", ""), call.counter, _counter(call.pg) if call.pg is not None else None, call.p2p)
@@ -293,7 +294,7 @@ def _run(
         if info.get("async") and "group" in info and result is not None:
             rec.awaiting(_awaitable(result), call_id, name, info)
     except Exception as exc:  # the recorder must never be why a call fails
-        out["recorder_error"] = core._error_text(exc)
+        out["recorder_error"] = error_text(exc)
     rec.end(call_id, kind, name, out or None)
     return result
 
@@ -304,8 +305,8 @@ def _awaitable(result: Any) -> Any:
     return getattr(result, "elem", result)
 
 
-def _recording() -> core.Recorder | None:
-    rec = core._current
+def _recording() -> EventLog | None:
+    rec = active._current
     if rec is None or getattr(_tls, "depth", 0):
         return None
     return rec
@@ -316,7 +317,7 @@ def _safely(describe: Callable[[], _Call], op: str) -> _Call:
     try:
         return describe()
     except Exception as exc:
-        return _Call({"op": op, "recorder_error": core._error_text(exc)})
+        return _Call({"op": op, "recorder_error": error_text(exc)})
 
 
 # -- the functions of distributed_c10d -------------------------------------------------------
@@ -335,70 +336,83 @@ def _patch_functions(c10d: types.ModuleType) -> None:
     _patch_methods(sys.modules["torch._C._distributed_c10d"])
 
 
-def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+def _describe_group_op(rec: EventLog, op: str, bound: dict[str, Any]) -> _Call:
+    """init_process_group, new_group, destroy_process_group: no synchronisation claimed."""
+    info: dict[str, Any] = {"op": op, "group_existed": bool(_dist().is_initialized())}
+    if op == "init_process_group":
+        backend = bound.get("backend")
+        info["backend"] = None if backend is None else str(backend)
+    elif op == "new_group":
+        ranks = bound.get("ranks")
+        info["ranks"] = None if ranks is None else [int(r) for r in ranks]
+    else:
+        info["group"] = rec.group_key(_group_name(bound.get("group")))
+    return _Call(info)
+
+
+def _function_payload(op: str, bound: dict[str, Any]) -> str | None:
+    if op in _OBJECT_OPS:
+        return "object"
+    if op == "broadcast_object_list":
+        # the root's list holds the objects, the others' placeholders: only the length is shared
+        objects = bound.get("object_list")
+        return f"objects x{len(objects)}" if isinstance(objects, (list, tuple)) else "objects"
+    payload_arg = PAYLOAD_ARG.get(op)
+    return describe_tensor(bound.get(payload_arg)) if payload_arg is not None else None
+
+
+def _describe_function_call(rec: EventLog, op: str, bound: dict[str, Any]) -> _Call:
+    """A call of a distributed_c10d function, from its bound arguments."""
     kind, sync, root_arg, group_root_arg = OPS[op]
+    if kind == events.GROUP:
+        return _describe_group_op(rec, op, bound)
+    group = bound.get("group")
+    async_op = bool(bound.get("async_op")) or op in ("isend", "irecv")
+    if kind == events.P2P:
+        peer = _global(group, bound.get(root_arg or ""), bound.get(group_root_arg or ""))
+        tag = int(bound.get("tag") or 0)
+        return _point_to_point(rec, op, group, sync, peer, tag, bound.get("tensor"), async_op=async_op)
+    root = None
+    if root_arg is not None:
+        given, group_given = bound.get(root_arg), bound.get(group_root_arg or "")
+        if given is None and group_given is None and op in collectives.DEFAULT_ROOT_ZERO:
+            given = 0  # what torch does then
+        root = _global(group, given, group_given)
+    payload = _function_payload(op, bound)
+    return _collective(rec, op, group, async_op=async_op, payload=payload, root=root, reduce_op=bound.get("op"))
+
+
+def _after_function_call(rec: EventLog, op: str, call: _Call, result: Any) -> dict[str, Any] | None:
+    """What a function's return tells: the group it created, who sent what was received."""
+    dist = _dist()
+    if op == "init_process_group":
+        default = _process_group(None)
+        rec.group_created(rec.group_key("default"), default, _counter(default))
+        return {"rank": int(dist.get_rank()), "world_size": int(dist.get_world_size())}
+    if op == "new_group":
+        if result is dist.GroupMember.NON_GROUP_MEMBER:
+            return {"group": "non-member"}
+        key = rec.group_key(_group_name(result))
+        rec.group_created(key, result, _counter(result))
+        return {"group": key}
+    if op == "destroy_process_group":
+        _ranks_cache.clear()
+        if not dist.is_initialized():  # every group went with the default one
+            rec.groups_destroyed()
+        return None
+    if OPS[op][0] == events.P2P:
+        src = result if op == "recv" and isinstance(result, int) else call.info.get("src")
+        return _received(rec, call, src)
+    return None
+
+
+def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
     params = tuple(signature.parameters)
     # what an omitted argument means (older torch has e.g. ``src=0`` in the signature)
     defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
-    payload_arg = PAYLOAD_ARG.get(op)
+    kind = OPS[op][0]
     name = "dist." + op
-
-    def describe(rec: core.Recorder, bound: dict[str, Any]) -> _Call:
-        dist = _dist()
-        if kind == events.GROUP:
-            info: dict[str, Any] = {"op": op, "group_existed": bool(dist.is_initialized())}
-            if op == "init_process_group":
-                backend = bound.get("backend")
-                info["backend"] = None if backend is None else str(backend)
-            elif op == "new_group":
-                ranks = bound.get("ranks")
-                info["ranks"] = None if ranks is None else [int(r) for r in ranks]
-            else:
-                info["group"] = rec.group_key(_group_name(bound.get("group")))
-            return _Call(info)
-        group = bound.get("group")
-        async_op = bool(bound.get("async_op")) or op in ("isend", "irecv")
-        if kind == events.P2P:
-            peer = _global(group, bound.get(root_arg or ""), bound.get(group_root_arg or ""))
-            tag = int(bound.get("tag") or 0)
-            return _point_to_point(rec, op, group, sync, peer, tag, bound.get("tensor"), async_op=async_op)
-        if op in _OBJECT_OPS:
-            payload: str | None = "object"
-        elif op == "broadcast_object_list":
-            # the root's list holds the objects, the others' placeholders: only the length is shared
-            objects = bound.get("object_list")
-            payload = f"objects x{len(objects)}" if isinstance(objects, (list, tuple)) else "objects"
-        else:
-            payload = describe_tensor(bound.get(payload_arg)) if payload_arg is not None else None
-        root = None
-        if root_arg is not None:
-            given, group_given = bound.get(root_arg), bound.get(group_root_arg or "")
-            if given is None and group_given is None and op in collectives.DEFAULT_ROOT_ZERO:
-                given = 0  # what torch does then
-            root = _global(group, given, group_given)
-        return _collective(rec, op, group, async_op=async_op, payload=payload, root=root, reduce_op=bound.get("op"))
-
-    def after(rec: core.Recorder, call: _Call, result: Any) -> dict[str, Any] | None:
-        dist = _dist()
-        if op == "init_process_group":
-            rec.group_created(rec.group_key("default"), _counter(_process_group(None)))
-            return {"rank": int(dist.get_rank()), "world_size": int(dist.get_world_size())}
-        if op == "new_group":
-            if result is dist.GroupMember.NON_GROUP_MEMBER:
-                return {"group": "non-member"}
-            key = rec.group_key(_group_name(result))
-            rec.group_created(key, _counter(result))
-            return {"group": key}
-        if op == "destroy_process_group":
-            _ranks_cache.clear()
-            if not dist.is_initialized():  # every group went with the default one
-                rec.groups_destroyed()
-            return None
-        if kind == events.P2P:
-            src = result if op == "recv" and isinstance(result, int) else call.info.get("src")
-            return _received(rec, call, src)
-        return None
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -410,8 +424,15 @@ def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         bound.update(zip(params, args, strict=False))
         if kwargs:
             bound.update(kwargs)
-        call = _safely(lambda: describe(rec, bound), op)
-        return _run(rec, kind, name, call, lambda: original(*args, **kwargs), lambda result: after(rec, call, result))
+        call = _safely(lambda: _describe_function_call(rec, op, bound), op)
+        return _run(
+            rec,
+            kind,
+            name,
+            call,
+            lambda: original(*args, **kwargs),
+            lambda result: _after_function_call(rec, op, call, result),
+        )
 
     setattr(wrapper, _MARK, original)
     return wrapper

@@ -24,6 +24,9 @@ P2P = "p2p"  # send / recv
 GROUP = "group"  # init_process_group, destroy_process_group, new_group
 WAIT = "wait"  # the wait for an asynchronous collective or send/recv: where it completes
 META = "meta"  # bookkeeping (thread names); never shown as an event
+EXCHANGE = "exchange"  # the rank is inside ``timeline()``: for the watchdog only, never shown
+COUNTERS = "counters"  # a finished rank's last collective per group: for the watchdog only
+WATCH_ONLY = (EXCHANGE, COUNTERS)
 
 # Phases.
 START = "start"
@@ -50,10 +53,6 @@ class Event:
     t_ns: int
     call_id: int
     info: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def where(self) -> str:
-        return f"rank {self.rank}"
 
     def describe(self) -> str:
         what = {START: "started", END: "ended", POINT: "happened"}[self.phase]
@@ -169,6 +168,8 @@ def to_events_and_threads(
             lanes[lane] = name
             if info and "ident" in info:
                 idents[lane] = int(info["ident"])
+            continue
+        if kind in WATCH_ONLY:
             continue
         events.append(Event(rank, len(events), lane, kind, phase, name, t_ns, call_id, info or {}))
     return events, lanes, idents

@@ -4,14 +4,31 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 from . import collectives, events
 from .clocks import Instance
+from .events import Event
 
-if TYPE_CHECKING:
-    from .events import Event
-    from .timeline import Timeline
+
+class Timeline(Protocol):
+    """What the pictures read of a timeline."""
+
+    lanes: dict[tuple[int, int], str]
+
+    @property
+    def ranks(self) -> list[int]: ...
+
+    @property
+    def events(self) -> list[Event]: ...
+
+    @property
+    def instances(self) -> Mapping[tuple[Any, ...], Instance]: ...
+
+    def for_rank(self, rank: int) -> list[Event]: ...
+
+    def spans(self, name: str | None = None, ranks: Iterable[int] | None = None) -> list[Any]: ...
 
 
 def _aligned(inst: Instance) -> bool:

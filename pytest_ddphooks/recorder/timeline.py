@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from . import collectives, events
+from ..errors import DdpHooksWarning
+from . import collectives, events, export
 from .clocks import Clocks, Instance, instances, op_of
 from .events import Event, RawEvent, to_events
 
@@ -20,7 +21,7 @@ class TimelineAssertionError(AssertionError):
 TimelineAssertionError.__module__ = "pytest_ddphooks"  # how reports name it: where users import it
 
 
-class NeverWaitedWarning(UserWarning):
+class NeverWaitedWarning(DdpHooksWarning):
     """An asynchronous collective or send/recv of a test was never waited for."""
 
 
@@ -414,14 +415,10 @@ class Timeline:
     # -- export ------------------------------------------------------------------------------
 
     def swimlanes(self, max_rows: int | None = None, width: int = 30) -> str:
-        from .export import swimlanes
-
-        return swimlanes(self, max_rows=max_rows, width=width)
+        return export.swimlanes(self, max_rows=max_rows, width=width)
 
     def to_chrome_trace(self, path: str | os.PathLike[str]) -> str:
-        from .export import write_chrome_trace
-
-        return write_chrome_trace(self, path)
+        return export.write_chrome_trace(self, path)
 
     def _fail(self, message: str) -> None:
         __tracebackhide__ = True

@@ -24,16 +24,16 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import IO, Any
 
 import pytest
 from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
-from . import hangs, warning_relay
-from .launch.rendezvous import DIST_ENV
-from .special import (
+from .. import warning_relay
+from ..launch.rendezvous import DIST_ENV
+from ..special import (
     BASETEMP_ENV,
     EXIT_GRACE,
     MESSAGES_ENV,
@@ -44,12 +44,12 @@ from .special import (
     phase_output,
     run_isolated,
 )
+from ..stacks import fatal_error, format_stack, rel_path, user_frame
+from .markers import is_special
+from .reports import relay_warnings
+from .session import DdpSession
 
 TARGET_ENV = "DDPHOOKS_SPECIAL_NODEID"
-
-
-def is_special(item: pytest.Item) -> bool:
-    return item.get_closest_marker("special") is not None
 
 
 # the special test this process's tree exists for; kept as the process started, since the
@@ -103,14 +103,6 @@ def child_command(config: pytest.Config, item: pytest.Item, folder: str) -> list
     return [sys.executable, "-m", "pytest", *args]
 
 
-def relay_warnings(item: pytest.Item, wires: list[warning_relay.WireWarning]) -> None:
-    """Warnings another process caught for this test, once each, into this session's summary."""
-    for wire in warning_relay.unique(wires):
-        message = warning_relay.load(wire)
-        kwargs = {"warning_message": message, "when": "runtest", "nodeid": item.nodeid, "location": None}
-        item.ihook.pytest_warning_recorded.call_historic(kwargs=kwargs)
-
-
 def _report(
     item: pytest.Item, when: str, outcome: str, text: str, sections: list[tuple[str, str]], duration: float
 ) -> TestReport:
@@ -130,10 +122,9 @@ def _report(
 class SpecialHooks:
     """Parent side: run special tests in their own interpreter and relay their reports."""
 
-    def __init__(self, config: pytest.Config, folder: Callable[[], str], limit: Callable[[pytest.Item], float]) -> None:
-        self.config = config
-        self._folder = folder
-        self._limit = limit
+    def __init__(self, ddp: DdpSession) -> None:
+        self.config = ddp.config
+        self.ddp = ddp
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
@@ -151,12 +142,12 @@ class SpecialHooks:
         return True
 
     def _run(self, item: pytest.Item) -> list[TestReport]:
-        folder = tempfile.mkdtemp(prefix="special-", dir=self._folder())
+        folder = tempfile.mkdtemp(prefix="special-", dir=self.ddp.folder())
         tmp = os.path.join(folder, "tmp")
         os.mkdir(tmp)
         env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}  # one plain process
         env.update({TARGET_ENV: item.nodeid, "TMPDIR": tmp})
-        limit = self._limit(item)
+        limit = self.ddp.special_limit(item)
         command = child_command(self.config, item, folder)
         cwd = str(self.config.invocation_params.dir)
         run = run_isolated(command, env, cwd, folder, limit, exit_grace=min(EXIT_GRACE, limit))
@@ -235,18 +226,18 @@ def _stack_lines(run: IsolatedRun) -> list[str]:
         return lines
     # faulthandler lists the main thread last: where the test itself is stuck comes first
     for thread in reversed(run.stacks.threads):
-        frame = hangs.user_frame(thread)
+        frame = user_frame(thread)
         if frame is not None:
-            lines.append(f"stuck at {hangs._rel(frame.path)}:{frame.line} in {frame.function}: {frame.source()}")
+            lines.append(f"stuck at {rel_path(frame.path)}:{frame.line} in {frame.function}: {frame.source()}")
             break
     for thread in run.stacks.threads:
         lines.append("")
-        lines.extend(hangs.format_stack(thread, f"thread 0x{thread.ident:x}"))
+        lines.extend(format_stack(thread, f"thread 0x{thread.ident:x}"))
     return lines
 
 
 def _exit_lines(run: IsolatedRun) -> list[str]:
-    lines = hangs.fatal_error(run.stderr)
+    lines = fatal_error(run.stderr)
     if not lines and run.stderr.strip():
         lines.append("last output on stderr:")
         lines.extend("  " + ln for ln in run.stderr.rstrip().splitlines()[-25:])

@@ -20,9 +20,12 @@ from typing import Any
 
 import pytest
 
-from . import spmd
-from .leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot
-from .plugin_special import is_special, runs_here
+from .. import spmd
+from ..errors import LeakWarning
+from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot
+from .markers import is_special
+from .session import DdpSession
+from .special import runs_here
 
 BEFORE_KEY = pytest.StashKey[Snapshot]()
 SCOPED_KEY = pytest.StashKey[list[Any]]()
@@ -34,10 +37,6 @@ ALLOW_HELP = (
     " 'thread:worker-*', 'process:*redis*', 'group', 'socket:127.0.0.1:*', 'env:MASTER_PORT';"
     " no entries allows everything"
 )
-
-
-class LeakWarning(pytest.PytestWarning):
-    """A test left a process group, process, thread, socket or variable behind."""
 
 
 @dataclass
@@ -75,16 +74,10 @@ def _holders(item: pytest.Item) -> list[Any]:
 
 
 class LeakHooks:
-    def __init__(self, config: pytest.Config, guard: LeakGuard) -> None:
-        self.config = config
-        self.guard = guard
-        self.mode = config.getoption("ddp_leaks") or config.getini("ddp_leaks")
-        if self.mode not in ("fail", "warn", "off"):
-            raise pytest.UsageError(f"ddp_leaks={self.mode!r}: use fail, warn or off")
-        try:
-            self.allow = Allowlist(singletons=True).extended(config.getini("ddp_leaks_allow"))
-        except ValueError as exc:
-            raise pytest.UsageError(f"ini ddp_leaks_allow: {exc}") from None
+    def __init__(self, ddp: DdpSession) -> None:
+        self.guard = LeakGuard(own_processes=ddp.own_processes)
+        self.mode = ddp.settings.leaks
+        self.allow = ddp.settings.leaks_allow
         self.pending: list[_Pending] = []
         self.session_report: list[str] = []
         self.relaunched = spmd.relaunched_rank() is not None

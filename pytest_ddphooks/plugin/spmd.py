@@ -18,46 +18,42 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
-from . import blobs, hangs
-from .launch.job import Job
-from .launch.run import RunReport
-from .leaks import destroy_groups
+from .. import blobs
+from ..failure import classify
+from ..leaks import destroy_groups
+from ..recorder import Recorder
+from ..recorder.timeline import Timeline
+from ..report import RunReport
+from ..spmd import Coordinator, RankHung, RanksMissing, first_difference, init_group, say
+from ..stacks import format_stack, parse_stacks, user_frame
+from .markers import RUN_KEY
 from .rankbody import outcome_of
-from .recorder import Recorder
-from .recorder.timeline import Timeline
-from .spmd import Coordinator, RankHung, RanksMissing, first_difference, init_group, say
-from .verdict import Verdict, decide
+from .reports import fail_with, raise_verdict
+from .session import DdpSession
 
 HANG_GRACE = 5.0  # past the limit, a rank's own watchdog ends the run
 
 
 class SpmdHooks:
-    def __init__(
-        self,
-        config: pytest.Config,
-        run_key: Any,
-        limit: Callable[[Any], float],
-        raise_verdict: Callable[[Verdict], None],
-    ) -> None:
+    NAME = "ddphooks-spmd"
+
+    def __init__(self, ddp: DdpSession) -> None:
+        config = ddp.config
         self.config = config
-        self.run_key = run_key
-        self._limit = limit
-        self._raise = raise_verdict
+        self.ddp = ddp
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         self.nodes = max(self.world_size // max(self.local_world_size, 1), 1)
-        self.start_timeout = float(
-            config.getini("ddp_timeout") if config.getoption("ddp_timeout") is None else config.getoption("ddp_timeout")
-        )
+        self.start_timeout = ddp.settings.timeout
         self.coord = Coordinator.from_env(timeout=max(self.start_timeout, 60.0))
-        self.plain_everywhere = (config.getoption("ddp_plain_tests") or config.getini("ddp_plain_tests")) == "all"
+        self.plain_everywhere = ddp.settings.plain_tests_everywhere
         self.deselected: list[str] = []
         self.generation = 0
         self._exchanges = 0
@@ -69,6 +65,12 @@ class SpmdHooks:
 
     # -- what runs where -----------------------------------------------------------------
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> Generator[None, None, None]:
+        result = yield
+        self.select(items)  # once every multirank marker was read
+        return result
+
     def select(self, items: list[pytest.Item]) -> None:
         names = json.dumps([item.nodeid for item in items]).encode()
         lists = [
@@ -79,7 +81,7 @@ class SpmdHooks:
             raise pytest.UsageError(f"under torchrun every rank must collect the same tests in the same order; {diff}")
         multirank, plain, dropped = [], [], []
         for item in items:
-            run = item.stash.get(self.run_key, None)
+            run = item.stash.get(RUN_KEY, None)
             if run is None:
                 if self.rank == 0 or self.plain_everywhere:
                     plain.append(item)
@@ -116,7 +118,7 @@ class SpmdHooks:
         if xml is not None:
             del self.config.stash[xml_key]
             self.config.pluginmanager.unregister(xml)
-        if not self.config.getoption("ddp_verbose_ranks"):
+        if not self.ddp.settings.verbose_ranks:
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
                 reporter._tw._file = open(os.devnull, "w")  # noqa: SIM115
@@ -157,19 +159,19 @@ class SpmdHooks:
             for r, n in enumerate(counts)
         ]
 
-    def _missing(self, item: pytest.Item, exc: RanksMissing) -> None:
+    def _missing(self, item: pytest.Item, exc: RanksMissing) -> NoReturn:
         message = f"{exc}; the run stops here"
         item.session.shouldfail = f"ddphooks: {exc}"
         self.group_ok = False
-        self._raise(Verdict("failed", message, message))
+        raise fail_with(message)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, Any, Any]:
-        run = pyfuncitem.stash.get(self.run_key, None)
+        run = pyfuncitem.stash.get(RUN_KEY, None)
         if run is None:
             return (yield)
         item = pyfuncitem
-        limit = self._limit(run)
+        limit = self.ddp.limit_of(run)
         try:
             arrived = self.coord.all_gather("start", item.nodeid.encode(), self.start_timeout, "start the test")
         except RanksMissing as exc:
@@ -209,21 +211,20 @@ class SpmdHooks:
         except RankHung as exc:
             item.session.shouldfail = f"ddphooks: rank {exc.rank} hung in {item.nodeid}"
             self.ack = f"hang-ack/{item.nodeid}"
-            self._raise(Verdict("failed", exc.text + "\nthe run stops here", f"rank {exc.rank} hung", None))
+            raise fail_with(exc.text + "\nthe run stops here", f"rank {exc.rank} hung") from None
         finally:
             if own is not None:
                 own.close()
-        job = Job(item.nodeid, item.nodeid, self.world_size, self.nodes, run.spec.backend, True, limit, "", {}, "")
-        report = RunReport(job, {})
-        report.results = {r: pickle.loads(b) for r, b in enumerate(results)}
-        report.exits = {}
-        report.timeline = Timeline.from_raw({r: marshal.loads(b) for r, b in enumerate(raw)})
-        verdict = decide(report)
+        report = RunReport(
+            self.world_size,
+            limit,
+            results={r: pickle.loads(b) for r, b in enumerate(results)},
+            timeline=Timeline.from_raw({r: marshal.loads(b) for r, b in enumerate(raw)}),
+        )
+        verdict = classify(report)
         if verdict.outcome == "failed":
             self.group_ok = False  # a failed test may leave the group broken: a fresh one next
-        if verdict.outcome == "passed":
-            return True
-        self._raise(verdict)
+        raise_verdict(verdict)
         return True
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -238,7 +239,7 @@ class SpmdHooks:
         with tempfile.TemporaryFile("w+") as f:
             faulthandler.dump_traceback(file=f, all_threads=True)
             f.seek(0)
-            stacks = hangs.parse_stacks(f.read())
+            stacks = parse_stacks(f.read())
         timeline = Timeline.from_raw({self.rank: list(recorder._raw)})
         lines = [f"ddphooks: {item.nodeid} did not finish within {limit:g} s on rank {self.rank}; the run stops"]
         for span in timeline.open_spans(self.rank):
@@ -251,10 +252,10 @@ class SpmdHooks:
         main = threading.main_thread().ident
         for thread in stacks.threads:
             if thread.ident == main:
-                frame = hangs.user_frame(thread)
+                frame = user_frame(thread)
                 if frame is not None:
                     lines.append(f"  stuck at {frame.path}:{frame.line} in {frame.function}: {frame.source()}")
-                lines.extend("  " + ln for ln in hangs.format_stack(thread, f"rank {self.rank} stack"))
+                lines.extend("  " + ln for ln in format_stack(thread, f"rank {self.rank} stack"))
         text = "\n".join(lines)
         with contextlib.suppress(Exception):
             self.coord.store.set(f"hang/{item.nodeid}/{self.rank}", text.encode())
@@ -263,7 +264,7 @@ class SpmdHooks:
             # stop rank 0 before it could
             with contextlib.suppress(Exception):
                 self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=10))
-            if self.config.getoption("ddp_verbose_ranks"):
+            if self.ddp.settings.verbose_ranks:
                 say(text)
             os._exit(3)
         say(text)

@@ -21,9 +21,10 @@ from _pytest._io import TerminalWriter
 from _pytest.outcomes import Exit, Skipped, XFailed
 from _pytest.warnings import catch_warnings_for_item
 
-from . import warning_relay
-from .launch.job import Job, RankResult
-from .launch.rank import RankContext
+from .. import warning_relay
+from ..launch.job import Job
+from ..launch.rank import RankContext
+from ..report import RankResult
 from .rankfixtures import RankFixtures
 
 _items: dict[str, pytest.Function] = {}
@@ -103,7 +104,7 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
         builtins["node_tmp_path"] = Path(node_dir)
     fixtures: RankFixtures | None = None
     error: BaseException | None = None
-    phase = "call"
+    phase = "setup"
     try:
         values = {}
         for name, blob in payload.values.items():
@@ -116,12 +117,14 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
         if payload.instance_state is not None and getattr(item, "instance", None) is not None:
             item.instance.__dict__.update(pickle.loads(payload.instance_state))
         fixtures = RankFixtures(item, values, builtins)
-        phase = "setup"
         item.funcargs = fixtures.arguments()
+        ctx.note("setup", "ok")
         phase = "call"
         item.ihook.pytest_pyfunc_call(pyfuncitem=item)
     except BaseException as exc:
         error = exc
+        if phase != "call":
+            ctx.note("setup", "failed")
     teardown_errors = fixtures.teardown() if fixtures is not None else []
     elapsed = time.monotonic() - started
     if error is None and teardown_errors:
@@ -148,8 +151,4 @@ def outcome_of(
     text, message, location = _render(item, error, markup)
     if isinstance(error, Exit):
         message = f"pytest.exit() in a rank: {error.msg}"
-    if phase != "call":
-        text = f"error in fixture {phase} inside the rank:\n{text}"
-    return RankResult(
-        rank, "failed", longrepr=text, message=message, location=location, duration=elapsed, extra={"phase": phase}
-    )
+    return RankResult(rank, "failed", longrepr=text, message=message, location=location, duration=elapsed, phase=phase)

@@ -1,0 +1,488 @@
+"""A multirank run's outcome: ``classify`` turns what a run observed into a structured verdict
+(the root cause, its consequences, where every rank was), ``render`` into what a user reads.
+
+Failures win over xfail, xfail over skip, skip over pass. The first collective the ranks
+disagree on is always said first, whether the ranks then hung or not. A rank that only
+failed because a peer went away (gloo's "connection closed") is a consequence of that peer,
+not a second culprit. Classification needs no ranks: tests build a ``RunReport`` by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .recorder import collectives, events
+from .recorder.clocks import collective_key
+from .recorder.timeline import Mismatch, Span, Timeline
+from .report import RankExit, RankResult, RunReport
+from .stacks import Frame, Stacks, fatal_error, format_stack, user_frame
+
+_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed")
+
+_STUCK = ("blocked", "running", "frozen")
+# root causes, most telling first
+DESYNC = "desync"  # the ranks called different collectives
+HANG = "hang"  # stopped at the time limit
+STALL = "stall"  # stopped early: waiting for ranks that had finished
+DEATH = "death"  # a rank process died
+FAILURE = "failure"  # a rank's test failed
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """The collective (or its wait, or a receive) a rank was blocked in."""
+
+    op: str
+    seq: int | None = None
+    group: str = ""  # its label: "the default group", "group 1 (ranks 0,2)"
+    waited: float = 0.0  # seconds, when it was stopped
+    in_wait: bool = False  # in the wait of an asynchronous call
+    peer: int | None = None  # the other end of a send or receive
+    no_group: bool = False  # called before any process group existed
+    missing: tuple[int, ...] = ()  # members that never entered it
+
+
+@dataclass(frozen=True)
+class RankState:
+    """Where one rank was when the run ended."""
+
+    rank: int
+    state: str  # "finished", "died", "blocked", "running", "frozen"
+    outcome: str | None = None  # of its test, when it finished
+    waited: bool = False  # it finished, then waited for the others
+    reason: str = ""  # why the harness stopped it
+    hooks: str = ""  # the calls it was inside: "Trainer.fit > Strategy.barrier"
+    blocked: Blocked | None = None
+    frame: Frame | None = None  # the innermost line of user code it was at
+    exit: RankExit | None = None
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """A rank whose result is part of the failure."""
+
+    rank: int
+    how: str  # "failed", "died", "consequence" (it failed because ``after`` went away)
+    result: RankResult | None = None
+    exit: RankExit | None = None
+    after: int | None = None
+    fatal: tuple[str, ...] = ()  # a "Fatal Python error" with the test's frames
+    stderr_tail: tuple[str, ...] = ()
+
+
+@dataclass
+class RunFailure:
+    cause: str  # DESYNC, HANG, STALL, DEATH or FAILURE
+    phase: str  # where pytest reports it: "setup", "call" or "teardown"
+    world_size: int
+    limit: float
+    duration: float
+    culprits: list[int]  # the ranks at the root of it
+    mismatches: list[Mismatch] = field(default_factory=list)
+    failures: list[RankFailure] = field(default_factory=list)
+    outcomes: dict[int, str] = field(default_factory=dict)  # rank -> outcome of its test, where it finished
+    ranks: dict[int, RankState] = field(default_factory=dict)  # every rank when stuck, else the stopped ones
+    stuck: bool = False  # the ranks were stopped as a hang (at the limit, or early)
+    desynced: bool = False  # stopped early: blocked in collectives that can never match
+    first_failure: int | None = None
+    stall: dict[int, str] = field(default_factory=dict)  # waiting rank -> what it waited in
+    left: dict[int, str] = field(default_factory=dict)  # finished rank it waited for -> its outcome
+    stacks: dict[int, Stacks] = field(default_factory=dict)  # of the stopped ranks that had not finished
+    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, ident) -> name
+    main_threads: dict[int, int] = field(default_factory=dict)  # rank -> ident of its main thread
+    timeline: Timeline | None = None  # drawn as swimlanes when it tells where ranks were
+    trace: str | None = None  # where the timeline was written as a Chrome trace
+
+
+@dataclass
+class Verdict:
+    outcome: str  # "passed", "failed", "skipped", "xfailed"
+    failure: RunFailure | None = None
+    message: str = ""  # the reason of a skip or an xfail
+    location: tuple[str, int] | None = None
+    teardown: RunFailure | None = None  # the test passed, a rank's fixture teardown failed
+
+
+@dataclass
+class Rendered:
+    message: str  # the one line of the short summary
+    text: str  # the whole report
+    location: tuple[str, int] | None = None
+
+
+# -- classification --------------------------------------------------------------------------
+
+
+def _consequence(report: RunReport, rank: int, result: RankResult) -> bool:
+    first = report.first_failure
+    return first is not None and first != rank and bool(_PEER_GONE.search(result.message))
+
+
+def _open_collective(spans: list[Span]) -> Span | None:
+    for s in reversed(spans):
+        if s.kind in (events.COLLECTIVE, events.P2P, events.WAIT) and s.start.lane == 0:
+            return s
+    return None
+
+
+def _hooks(spans: list[Span]) -> str:
+    names = [s.start.info.get("qualname") or s.name for s in spans if s.kind in (events.CALL, events.BARRIER)]
+    return " > ".join(str(n) for n in names)
+
+
+def _blocked(span: Span, timeline: Timeline, now_ns: int) -> Blocked:
+    info = span.start.info
+    op = str(info.get("op", span.name))
+    waited = max(now_ns - span.start.t_ns, 0) / 1e9
+    in_wait = span.kind == events.WAIT
+    if info.get("sync") in (collectives.SEND, collectives.RECV):
+        peer = info.get("dst") if info.get("sync") == collectives.SEND else info.get("src")
+        return Blocked(op, waited=waited, in_wait=in_wait, peer=None if peer is None else int(peer))
+    if not info.get("effective", True):
+        return Blocked(op, waited=waited, no_group=True)
+    label = collectives.group_label(str(info.get("group")), info.get("ranks"))
+    missing: tuple[int, ...] = ()
+    inst = timeline.instances.get(collective_key(info))
+    if inst is not None:
+        missing = tuple(m for m in inst.members if m not in inst.starts)
+    seq = info.get("seq")
+    return Blocked(op, None if seq is None else int(seq), label, waited, in_wait, missing=missing)
+
+
+def rank_state(report: RunReport, rank: int) -> RankState:
+    """Where one rank was: finished, died, blocked in a collective (and who never came),
+    frozen, or running; with the calls it was inside and the line of user code."""
+    result = report.results.get(rank)
+    reason = report.stopped.get(rank, "")
+    if result is not None:
+        return RankState(rank, "finished", result.outcome, waited=rank in report.stopped, reason=reason)
+    if rank not in report.stopped:
+        return RankState(rank, "died", exit=report.exits.get(rank))
+    timeline = report.timeline
+    spans = timeline.open_spans(rank) if timeline is not None else []
+    span = _open_collective(spans)
+    blocked = _blocked(span, timeline, report.stopped_at_ns) if span is not None and timeline is not None else None
+    stacks = report.stacks.get(rank)
+    stack = stacks.main(report.thread_idents.get((rank, 0))) if stacks is not None else None
+    frame = user_frame(stack) if stack is not None else None
+    state = "frozen" if rank in report.frozen else "blocked" if blocked is not None else "running"
+    return RankState(rank, state, reason=reason, hooks=_hooks(spans), blocked=blocked, frame=frame)
+
+
+def _tail(text: str, lines: int = 25) -> tuple[str, ...]:
+    rows = text.rstrip("\n").splitlines()
+    if len(rows) > lines:
+        return (f"[... {len(rows) - lines} earlier lines]", *rows[-lines:])
+    return tuple(rows)
+
+
+def _phase(report: RunReport, cause: str, failures: list[RankFailure], setup_done: set[int] | None) -> str:
+    """Where pytest reports the failure: in the fixture setup or teardown when every rank
+    at its root failed there, or stopped before it had set up; else in the call."""
+    if cause in (FAILURE, DEATH):
+        results = [f.result for f in failures if f.how != "consequence"]
+        phases = {r.phase for r in results if r is not None}
+        if results and all(r is not None for r in results) and len(phases) == 1:
+            return phases.pop()
+        if setup_done is not None and any(f.result is None and f.rank not in setup_done for f in failures):
+            return "setup"
+        return "call"
+    if setup_done is not None and any(r not in setup_done and r not in report.results for r in report.stopped):
+        return "setup"
+    return "call"
+
+
+def classify(report: RunReport, setup_done: set[int] | None = None) -> Verdict:
+    """The verdict of a run. ``setup_done``: the ranks known to have set up their fixtures
+    (None when the run does not say), to tell a failure during setup from one in the call."""
+    n = report.world_size
+    timeline = report.timeline
+    mismatches = timeline.collective_mismatches() if timeline is not None else []
+    failed = [r for r, res in sorted(report.results.items()) if res.outcome == "failed"]
+    died = [r for r in range(n) if report.died(r)]
+    primary = [r for r in failed if not _consequence(report, r, report.results[r])]
+    failures = []
+    for r in range(n):
+        if r in died:
+            ex = report.exits.get(r)
+            err = report.outputs.get(r, ("", ""))[1]
+            fatal = tuple(fatal_error(err))
+            failures.append(
+                RankFailure(r, "died", report.results.get(r), ex, fatal=fatal, stderr_tail=() if fatal else _tail(err))
+            )
+        elif r in failed:
+            how = "failed" if r in primary else "consequence"
+            after = None if how == "failed" else report.first_failure
+            failures.append(RankFailure(r, how, report.results[r], report.exits.get(r), after))
+    if mismatches:
+        cause = DESYNC
+    elif report.timed_out or report.desynced:
+        cause = HANG
+    elif report.stall is not None:
+        cause = STALL
+    elif died:
+        cause = DEATH
+    elif failed:
+        cause = FAILURE
+    else:
+        return _quiet_verdict(report)
+    if report.stuck:
+        states = {r: rank_state(report, r) for r in range(n)}
+        culprits = sorted(r for r, st in states.items() if st.state in _STUCK)
+    else:
+        states = {r: rank_state(report, r) for r in sorted(report.stopped)}
+        culprits = sorted(set(primary) | set(died)) or failed
+    failure = RunFailure(
+        cause=cause,
+        phase=_phase(report, cause, failures, setup_done),
+        world_size=n,
+        limit=report.limit,
+        duration=report.duration,
+        culprits=culprits,
+        mismatches=mismatches,
+        failures=failures,
+        outcomes={r: res.outcome for r, res in report.results.items()},
+        ranks=states,
+        stuck=report.stuck,
+        desynced=report.desynced,
+        first_failure=report.first_failure,
+        stall=_stalled(report, states),
+        left=dict(report.stall.left) if report.stall is not None else {},
+        stacks={r: s for r, s in report.stacks.items() if r not in report.results},
+        thread_names=_thread_names(report),
+        main_threads={r: ident for (r, lane), ident in report.thread_idents.items() if lane == 0},
+        timeline=timeline if timeline is not None and timeline.events else None,
+    )
+    if failure.phase == "teardown" and cause == FAILURE:
+        return Verdict("passed", teardown=failure)
+    return Verdict("failed", failure)
+
+
+def _stalled(report: RunReport, states: dict[int, RankState]) -> dict[int, str]:
+    """Who waited for ranks that had finished, and in what: as the watchdog saw it, and every
+    other rank found blocked in a call those ranks never entered once all were stopped."""
+    if report.stall is None:
+        return {}
+    out = dict(report.stall.waiting)
+    left = set(report.stall.left)
+    for r, st in states.items():
+        b = st.blocked
+        if r in out or st.state != "blocked" or b is None:
+            continue
+        if b.peer is not None and b.op == "recv" and b.peer in left:
+            out[r] = f"recv from rank {b.peer}"
+        elif b.peer is None and set(b.missing) & left:
+            out[r] = f"{b.op} #{b.seq} on {b.group}"
+    return out
+
+
+def _thread_names(report: RunReport) -> dict[tuple[int, int], str]:
+    if report.timeline is None:
+        return {}
+    return {(r, ident): report.timeline.lanes.get((r, lane), "") for (r, lane), ident in report.thread_idents.items()}
+
+
+def _quiet_verdict(report: RunReport) -> Verdict:
+    results = sorted(report.results.items())
+    xfailed = [res for _, res in results if res.outcome == "xfailed"]
+    if xfailed:
+        return Verdict("xfailed", message=xfailed[0].message)
+    skipped = [r for r, res in results if res.outcome == "skipped"]
+    if skipped:
+        first = report.results[skipped[0]]
+        text = first.message
+        if len(skipped) < report.world_size:
+            text = f"{text} (on {_ranks(skipped)}; the other ranks passed)"
+        return Verdict("skipped", message=text, location=first.location)
+    return Verdict("passed")
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
+
+
+def _first(message: str) -> str:
+    return message.splitlines()[0] if message else message
+
+
+def _exit_words(ex: RankExit | None) -> str:
+    return ex.describe() if ex is not None else "no exit status"
+
+
+def describe_blocked(b: Blocked) -> str:
+    what = f"the wait of {b.op}" if b.in_wait else b.op
+    waited = f"{b.waited:.1f} s"
+    if b.peer is not None:
+        return f"blocked in {what} (peer {b.peer}) for {waited}"
+    if b.no_group:
+        return f"blocked in {b.op} without a process group for {waited}"
+    return f"blocked in {what} #{b.seq} on {b.group} for {waited}"
+
+
+def describe_state(s: RankState, stuck: bool) -> list[str]:
+    """The lines saying where a rank was (``stuck``: the run was stopped as a hang)."""
+    if s.state == "finished":
+        waited = ", then waited for the other ranks" if s.waited else ""
+        return [f"rank {s.rank}: finished the test body ({s.outcome}){waited}"]
+    if s.state == "died":
+        return [f"rank {s.rank}: died ({_exit_words(s.exit)})"]
+    where = f", in {s.hooks}" if s.hooks else ""
+    head = f"rank {s.rank}: " if stuck else f"rank {s.rank}: {s.reason}; it was "
+    lines = []
+    if s.state == "frozen":
+        lines.append(f"{head}stopped (SIGSTOP){where}")
+        if s.blocked is not None:
+            lines.append(f"  when it was stopped it was {describe_blocked(s.blocked)}")
+    elif s.blocked is not None:
+        lines.append(f"{head}{describe_blocked(s.blocked)}{where}")
+        if s.blocked.missing:
+            who = ", ".join(str(m) for m in s.blocked.missing)
+            lines.append(f"  ranks that never entered {s.blocked.op} #{s.blocked.seq}: {who}")
+    else:
+        lines.append(f"{head}{'still running' if stuck else 'running'}{where}")
+    if s.frame is not None:
+        lines.append(f"  {'stuck at' if stuck else 'at'} {s.frame.describe()}")
+    return lines
+
+
+def _stall_lines(f: RunFailure) -> list[str]:
+    """``rank 1 finished the test without calling timeline(); rank 0 waits in it``"""
+    who = _ranks(sorted(f.left))
+    waiting: dict[str, list[int]] = {}
+    for rank, what in sorted(f.stall.items()):
+        waiting.setdefault(what, []).append(rank)
+    return [
+        f"{who} finished the test without calling {what}; {_ranks(ranks)} wait{'s' if len(ranks) == 1 else ''} in it"
+        for what, ranks in waiting.items()
+    ]
+
+
+def _hang_lines(f: RunFailure) -> list[str]:
+    early = f"hang: the ranks were stopped after {f.duration:.1f} s, not at the {f.limit:g} s limit:"
+    if f.stall:
+        head = [early + " they wait for ranks that finished the test", *("  " + ln for ln in _stall_lines(f))]
+    elif f.desynced:
+        head = [early + " they are blocked in collectives that can never match"]
+    else:
+        head = [f"hang: the test did not finish within {f.limit:g} s ({f.world_size} ranks)"]
+    for rank in sorted(f.ranks):
+        head.extend("  " + line for line in describe_state(f.ranks[rank], stuck=True))
+    return head
+
+
+def _stack_lines(f: RunFailure) -> list[str]:
+    lines: list[str] = []
+    for rank in sorted(f.stacks):
+        stacks = f.stacks[rank]
+        lines.append("")
+        if not stacks.threads:
+            lines.append(f"rank {rank}: no stack (the rank did not answer)")
+            continue
+        main = f.main_threads.get(rank)
+        for t in sorted(stacks.threads, key=lambda t: t.ident != main):
+            label = f.thread_names.get((rank, t.ident)) or (
+                "MainThread" if t.ident == main else f"thread 0x{t.ident:x}"
+            )
+            lines.extend(format_stack(t, f"rank {rank} stack, {label}"))
+    return lines
+
+
+def _died_lines(rf: RankFailure) -> list[str]:
+    lines = [
+        f"rank {rf.rank} died: {_exit_words(rf.exit)}" + ("" if rf.result is not None else " before it could report")
+    ]
+    if rf.fatal:
+        lines.extend("  " + ln for ln in rf.fatal)
+    elif rf.stderr_tail:
+        lines.append(f"  last output of rank {rf.rank} on stderr:")
+        lines.extend("    " + ln for ln in rf.stderr_tail)
+    return lines
+
+
+def _summary(f: RunFailure) -> list[str]:
+    """'multirank test failed on ...', then a line per rank."""
+    lines = [f"multirank test failed on {_ranks(f.culprits)} of {f.world_size}"]
+    by_rank = {rf.rank: rf for rf in f.failures}
+    for r in range(f.world_size):
+        rf = by_rank.get(r)
+        if rf is not None and rf.how == "died":
+            lines.append(f"  rank {r}: died ({_exit_words(rf.exit)})")
+        elif rf is not None and rf.how == "consequence":
+            message = _first(rf.result.message) if rf.result is not None else ""
+            lines.append(f"  rank {r}: failed after rank {rf.after}, because its peer went away: {message}")
+        elif rf is not None and rf.result is not None:
+            where = "" if rf.result.phase == "call" else f" in fixture {rf.result.phase}"
+            lines.append(f"  rank {r}: failed{where}: {_first(rf.result.message)}")
+        elif r in f.outcomes:
+            lines.append(f"  rank {r}: {f.outcomes[r]}")
+        elif r in f.ranks:
+            lines.extend("  " + ln for ln in describe_state(f.ranks[r], stuck=False))
+    return lines
+
+
+def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
+    if f.mismatches:
+        return f"desync: {f.mismatches[0]}", None
+    if f.stall:
+        return _stall_lines(f)[0], None
+    if f.stuck:
+        for rank in sorted(f.ranks):
+            st = f.ranks[rank]
+            if st.state in _STUCK:
+                return f"hang after {f.limit:g} s; {describe_state(st, stuck=True)[0]}", None
+        return f"hang after {f.limit:g} s", None
+    dead = [rf for rf in f.failures if rf.how == "died"]
+    if dead:
+        return f"rank {dead[0].rank} died ({_exit_words(dead[0].exit)})", None
+    primary = [rf for rf in f.failures if rf.how == "failed" and rf.result is not None]
+    failing = primary or [rf for rf in f.failures if rf.result is not None]
+    if not failing:
+        return "multirank test failed", None
+    first = failing[0]
+    assert first.result is not None
+    message = f"rank {first.rank}: {_first(first.result.message)}"
+    if len(primary) > 1:
+        message = f"{_ranks([rf.rank for rf in primary])} failed; {message}"
+    return message, first.result.location if primary else None
+
+
+def render(f: RunFailure) -> Rendered:
+    lines: list[str] = [f"desync: {m}" for m in f.mismatches]
+    if f.stuck:
+        lines.extend(_hang_lines(f))
+    elif f.failures:
+        lines.extend(_summary(f))
+    for rf in f.failures:
+        if rf.how == "died":
+            lines.append("")
+            lines.extend(_died_lines(rf))
+    failing = [rf for rf in f.failures if rf.how == "failed"]
+    shown = failing or [rf for rf in f.failures if rf.how == "consequence"]
+    several = len([rf for rf in f.failures if rf.how != "died"]) > 1
+    for rf in shown:
+        if rf.result is None:
+            continue
+        label = f" rank {rf.rank}" + (" (first failure)" if rf.rank == f.first_failure and several else "")
+        if rf.result.harness_error:
+            label += ": the harness could not set the rank up"
+        elif rf.result.phase != "call":
+            label += f": error in fixture {rf.result.phase} inside the rank"
+        lines.append("")
+        lines.append(f"{'-' * 20}{label} {'-' * 20}")
+        lines.extend(rf.result.longrepr.rstrip("\n").splitlines())
+    lines.extend(_stack_lines(f))
+    dead = any(rf.how == "died" for rf in f.failures)
+    stopped = any(st.reason for st in f.ranks.values())
+    timed_out = f.stuck and not f.desynced and not f.stall
+    if f.timeline is not None and (f.mismatches or timed_out or f.stall or dead or stopped):
+        lines.append("")
+        lines.append("recorded timeline:")
+        lines.extend(f.timeline.swimlanes(max_rows=80).splitlines())
+    if f.trace:
+        lines.extend(["", f"Chrome trace of the timeline: {f.trace}"])
+    message, location = _message(f)
+    return Rendered(message, "\n".join(lines).strip("\n"), location)

@@ -1,0 +1,263 @@
+"""The fork server: a fork of the pytest process that forks fresh rank processes.
+
+It is forked once, right after collection, so it holds every test module already imported
+the way pytest imports them (rootdir, import mode, conftests, assertion rewriting); it then
+imports torch. Each run forks ``world_size`` ranks from that clean state: a rank costs a
+fork, never a new interpreter, and no rank sees what earlier tests did in the pytest process.
+
+It is a child subreaper: whatever a rank starts and abandons is re-parented to it, so the
+whole tree of a run can be found and killed. It reaps the ranks and tells the pytest process
+how each one ended, and relays the notes ranks write to their run's pipe as they reach a
+phase. It dies with the pytest process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..report import RankExit
+from . import procs, protocol, rendezvous
+from .job import Job
+from .rank import RankBody, rank_main
+
+BodyFactory = Callable[[Job], RankBody]
+
+
+@dataclass
+class _Run:
+    job: Job
+    pids: dict[int, int] = field(default_factory=dict)  # pid -> rank
+    pgid: int = 0
+    notes: int = -1  # the read end of the ranks' note pipe
+    pending: bytes = b""
+
+
+class ForkServer:
+    def __init__(
+        self,
+        sock: socket.socket,
+        body_factory: BodyFactory,
+        preload: tuple[str, ...],
+        parent: int,
+        log_path: str | None,
+    ) -> None:
+        self.sock = sock
+        self.body_factory = body_factory
+        self.parent = parent
+        self.runs: dict[str, _Run] = {}
+        self.rank_of: dict[int, tuple[str, int]] = {}
+        os.setpgid(0, 0)  # terminal signals (Ctrl-C) go to pytest, which then stops us
+        procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(0)
+        procs.prctl(procs.PR_SET_CHILD_SUBREAPER, 1)
+        self._isolate_descriptors(log_path)
+        self.selector = selectors.DefaultSelector()  # after the isolation, which replaces every other descriptor
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._on_term)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        for name in preload:
+            __import__(name)
+        from ..recorder import distpatch
+
+        distpatch.install()
+
+    def _isolate_descriptors(self, log_path: str | None) -> None:
+        """Point every inherited descriptor at /dev/null (pipes of xdist, pytest's capture).
+
+        They are replaced rather than closed: objects that still think they own them may
+        close them later, and must not close one of ours that reused the number.
+        """
+        null = os.open(os.devnull, os.O_RDWR)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else null
+        keep = {self.sock.fileno(), null, log}
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.dup2(log if fd == 2 else null, fd)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+
+    def _on_term(self, *_: object) -> None:
+        self._kill_everything()
+        os._exit(0)
+
+    def _send(self, message: Any) -> None:
+        protocol.send(self.sock, message)
+
+    def serve(self) -> None:
+        self.selector.register(self.sock, selectors.EVENT_READ, "control")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "child")
+        while True:
+            for key, _ in self.selector.select():
+                if key.data == "child":
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self.wake_r, 512):
+                            pass
+                    self._reap()
+                    continue
+                if isinstance(key.data, str) and key.data != "control":
+                    self._relay_notes(key.data)
+                    continue
+                try:
+                    message = protocol.recv(self.sock)
+                except (EOFError, OSError):
+                    self._kill_everything()
+                    return
+                if isinstance(message, protocol.Shutdown):
+                    self._kill_everything()
+                    return
+                try:
+                    self._handle(message)
+                except Exception as exc:  # keep serving; the pytest side reports it
+                    self._send(protocol.Failed(f"{type(exc).__name__}: {exc}"))
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, protocol.Spawn):
+            self._spawn(message.job)
+        elif isinstance(message, protocol.Kill):
+            self._kill_run(message.test_id)
+        elif isinstance(message, protocol.Finish):
+            swept = self._sweep()
+            run = self.runs.pop(message.test_id, None)
+            if run is not None:
+                self._close_notes(run)
+            self._send(protocol.Finished(message.test_id, swept))
+        elif isinstance(message, protocol.Probe):
+            self._send(protocol.Probed(self._probe()))
+        else:
+            raise ValueError(f"unknown request {message!r}")
+
+    def _probe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"pid": os.getpid()}
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            info["torch"] = torch.__version__
+            try:
+                info["cuda_devices"] = int(torch.cuda.device_count())
+            except Exception:
+                info["cuda_devices"] = 0
+        return info
+
+    def _spawn(self, job: Job) -> None:
+        run = self.runs[job.test_id] = _Run(job)
+        listener = rendezvous.listener()
+        port = listener.getsockname()[1]
+        body = self.body_factory(job)
+        notes_r, notes_w = os.pipe()
+        for rank in range(job.world_size):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setpgid(0, run.pgid)
+                    signal.set_wakeup_fd(-1)
+                    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+                        signal.signal(sig, signal.SIG_DFL)
+                    procs.retire(self.sock.fileno(), self.wake_r, self.wake_w, notes_r)
+                    rank_main(job, rank, port, listener, notes_w, body)
+                finally:
+                    os._exit(70)
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, run.pgid or pid)
+            if not run.pgid:
+                run.pgid = pid
+            run.pids[pid] = rank
+            self.rank_of[pid] = (job.test_id, rank)
+        listener.close()
+        os.close(notes_w)
+        os.set_blocking(notes_r, False)
+        run.notes = notes_r
+        self.selector.register(notes_r, selectors.EVENT_READ, job.test_id)
+        self._send(protocol.Spawned(job.test_id, {r: p for p, r in run.pids.items()}))
+
+    def _relay_notes(self, test_id: str) -> None:
+        run = self.runs.get(test_id)
+        if run is None:
+            return
+        try:
+            chunk = os.read(run.notes, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # every writer is gone
+            self._close_notes(run)
+            return
+        notes, run.pending = protocol.parse_notes(run.pending + chunk)
+        for rank, phase, status in notes:
+            self._send(protocol.Noted(test_id, rank, phase, status))
+
+    def _close_notes(self, run: _Run) -> None:
+        if run.notes >= 0:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(run.notes)
+            os.close(run.notes)
+            run.notes = -1
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            owner = self.rank_of.pop(pid, None)
+            if owner is not None:
+                test_id, rank = owner
+                run = self.runs.get(test_id)
+                if run is not None and run.notes >= 0:
+                    self._relay_notes(test_id)  # what it noted before it ended comes first
+                self._send(protocol.Exited(test_id, RankExit.from_status(rank, pid, status)))
+
+    def _kill_run(self, test_id: str) -> None:
+        run = self.runs.get(test_id)
+        if run is not None:
+            # a rank that ended on its own just before (its framework killed it) is a death
+            running = {pid for pid in run.pids if procs.is_running(pid)}
+            procs.kill_tree(*run.pids, group=run.pgid)
+            for pid in list(run.pids):
+                if pid in self.rank_of:
+                    with contextlib.suppress(ChildProcessError):
+                        _, status = os.waitpid(pid, 0)
+                        test, rank = self.rank_of.pop(pid)
+                        ended = RankExit.from_status(rank, pid, status, by_harness=pid in running)
+                        self._send(protocol.Exited(test, ended))
+        self._sweep()
+        self._send(protocol.Killed(test_id))
+
+    def _sweep(self) -> list[tuple[int, str]]:
+        """Kill our children that are no rank of a live run: processes ranks abandoned."""
+        swept: list[tuple[int, str]] = []
+        for _ in range(5):
+            strays = [p for p in procs.children_of(os.getpid()) if p not in self.rank_of]
+            if not strays:
+                break
+            for pid in strays:
+                names = {p: procs.command_line(p) for p in [pid, *procs.descendants_of(pid)]}
+                swept.extend((p, names.get(p, "?")) for p in procs.kill_tree(pid))
+            for pid in strays:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            self._reap()
+        return swept
+
+    def _kill_everything(self) -> None:
+        procs.kill_tree(os.getpid(), include_root=False)
+        for pid in list(self.rank_of):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)

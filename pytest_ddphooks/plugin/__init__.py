@@ -1,0 +1,74 @@
+"""The pytest layer of pytest-ddphooks: the only code that imports pytest.
+
+This module is what pytest loads (through the ``ddphooks`` entry point, or
+``pytest_plugins = ["pytest_ddphooks.plugin"]`` in a conftest). It declares the options and
+markers, builds the session's validated ``Settings`` once, and registers the hook classes,
+each one concern: markers (collection), multirank (running tests on ranks), reports,
+leaks, special tests, and the torchrun mode.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .. import session_dirs
+from ..recorder import distpatch
+from . import special
+from .fixtures import node_tmp_path, rank, recorder, shared_tmp_path, world_size
+from .leaks import ALLOW_HELP, LeakHooks
+from .markers import MULTIRANK_HELP, SPECIAL_HELP, MarkerHooks
+from .multirank import MultirankHooks
+from .options import add_options
+from .reports import ReportHooks
+from .session import DdpSession
+from .settings import Settings
+from .spmd import SpmdHooks
+
+# Before any conftest imports torch: torch.distributed is patched as it loads. It is then
+# imported here, in every pytest process: pytester's in-process runs drop the modules an inner
+# session imported, and a second import of torch in one process crashes it; imported by the
+# outer session, torch survives every inner one.
+distpatch.install()
+import torch.distributed  # noqa: E402, F401
+
+SESSION_NAME = "ddphooks-session"
+__all__ = ["node_tmp_path", "rank", "recorder", "shared_tmp_path", "world_size"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    for line in (MULTIRANK_HELP, SPECIAL_HELP, ALLOW_HELP):
+        config.addinivalue_line("markers", line)
+    if config.pluginmanager.is_blocked("ddphooks") or config.pluginmanager.has_plugin(SESSION_NAME):
+        return
+    settings = Settings.from_config(config)  # a bad value stops the run here, once
+    settings.import_preload()
+    basetemp = special.special_basetemp()
+    if basetemp is not None:
+        config.option.basetemp = basetemp
+    session_dirs.remove_stale()
+    ddp = DdpSession(config, settings)
+    config.pluginmanager.register(ddp, SESSION_NAME)
+    config.pluginmanager.register(MarkerHooks(settings.spmd), "ddphooks-markers")
+    config.pluginmanager.register(ReportHooks(), "ddphooks-reports")
+    if settings.spmd:
+        config.pluginmanager.register(SpmdHooks(ddp), SpmdHooks.NAME)
+    else:
+        config.pluginmanager.register(MultirankHooks(ddp), "ddphooks-multirank")
+    config.pluginmanager.register(LeakHooks(ddp), "ddphooks-leaks")
+    config.pluginmanager.register(special.SpecialHooks(ddp), "ddphooks-special")
+    target = special.special_target()
+    if target is not None:
+        config.pluginmanager.register(special.SpecialTargetHooks(target), "ddphooks-special-target")
+        if special.reports_to_parent():
+            config.pluginmanager.register(special.SpecialChildHooks(config), "ddphooks-special-child")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    ddp = config.pluginmanager.get_plugin(SESSION_NAME)
+    if isinstance(ddp, DdpSession):
+        ddp.close()

@@ -1,0 +1,111 @@
+"""The markers: ``multirank`` read and checked at collection, ``special``, ``ddp_allow_leaks``.
+
+A bad ``multirank`` marker never spawns anything and never hides the module's other tests:
+the test it marks is an error at its setup that names the test and the argument (as pytest
+does for a ``skipif`` whose condition cannot be evaluated), every bad marker of a module in
+one run. Two ``multirank`` markers on one test, and one on a ``unittest.TestCase`` method,
+are errors of the same kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from ..spec import MultirankSpec, SpecError, parse_multirank
+from . import rankfixtures
+
+MULTIRANK_HELP = (
+    "multirank(world_size=2, *, backend='gloo', nodes=1, timeout=None, init_process_group=True):"
+    " run the test body on world_size fresh rank processes joined in one process group"
+)
+SPECIAL_HELP = "special: run this test in a fresh Python interpreter of its own"
+
+
+@dataclass
+class MultirankRun:
+    """What collection decided for one multirank item."""
+
+    spec: MultirankSpec
+    world_size: int
+    dependent: set[str] = field(default_factory=set)  # fixtures evaluated inside the ranks
+    timeout: float | None = None  # pytest-timeout's value, when it times this test
+
+
+RUN_KEY = pytest.StashKey[MultirankRun]()
+TIMEOUT_KEY = pytest.StashKey[float]()  # pytest-timeout's value for a test this plugin times
+BAD_MARKER_KEY = pytest.StashKey[str]()  # why the test's multirank marker cannot be run
+
+
+def is_special(item: pytest.Item) -> bool:
+    return item.get_closest_marker("special") is not None
+
+
+def _own_multirank(node: pytest.Item | pytest.Function | object) -> list[pytest.Mark]:
+    return [m for m in getattr(node, "own_markers", ()) if m.name == "multirank"]
+
+
+def read_spec(nodeid: str, node: object, marker: pytest.Mark) -> MultirankSpec:
+    """The checked spec of a test's marker; SpecError names the test and the problem."""
+    if len(_own_multirank(node)) > 1:
+        raise SpecError(
+            f"{nodeid}: @pytest.mark.multirank is given {len(_own_multirank(node))} times on this test;"
+            " give it once (the sizes of several runs go in one marker: world_size=[2, 4])"
+        )
+    try:
+        return parse_multirank(marker.args, marker.kwargs)
+    except SpecError as exc:
+        raise SpecError(f"{nodeid}: @pytest.mark.multirank: {exc}") from None
+
+
+class MarkerHooks:
+    def __init__(self, spmd: bool) -> None:
+        self.spmd = spmd
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        marker = metafunc.definition.get_closest_marker("multirank")
+        if marker is None:
+            return
+        try:
+            spec = read_spec(metafunc.definition.nodeid, metafunc.definition, marker)
+        except SpecError:
+            return  # the item says why at its setup
+        if spec.many:
+            if "world_size" not in metafunc.fixturenames:
+                metafunc.fixturenames.append("world_size")
+            metafunc.parametrize("world_size", list(spec.world_sizes), ids=[str(n) for n in spec.world_sizes])
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            marker = item.get_closest_marker("multirank")
+            if marker is None:
+                continue
+            if not isinstance(item, pytest.Function) or type(item).__name__ == "TestCaseFunction":
+                kind = "a unittest.TestCase method" if type(item).__name__ == "TestCaseFunction" else "this item"
+                item.stash[BAD_MARKER_KEY] = (
+                    f"{item.nodeid}: @pytest.mark.multirank runs pytest test functions on the ranks, not {kind};"
+                    " write it as a plain test function (or a method of a plain class)"
+                )
+                continue
+            try:
+                spec = read_spec(item.nodeid, item, marker)
+            except SpecError as exc:
+                item.stash[BAD_MARKER_KEY] = str(exc)
+                continue
+            size = spec.world_sizes[0]
+            callspec = getattr(item, "callspec", None)
+            if spec.many and callspec is not None and "world_size" in callspec.params:
+                size = int(callspec.params["world_size"])
+            dependent = rankfixtures.rank_dependent(item)
+            if not self.spmd:  # under torchrun the pytest process is a rank: nothing moves
+                rankfixtures.prune(item, dependent)
+            item.stash[RUN_KEY] = MultirankRun(spec, size, dependent)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        problem = item.stash.get(BAD_MARKER_KEY, None)
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)

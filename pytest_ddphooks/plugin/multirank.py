@@ -1,0 +1,242 @@
+"""Running a multirank test on fresh ranks, phase by phase as pytest reports them.
+
+- setup: once pytest has set up the fixtures of its own process, their values go to the
+  ranks, which are forked and set up theirs; the phase ends when every rank has (a rank-side
+  fixture that fails is an ERROR at setup, as in a plain test);
+- call: the bodies run; the phase ends when every rank has ended, or was stopped;
+- teardown: a rank-side fixture whose teardown failed, the body having passed everywhere,
+  is an error in teardown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import re
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ..failure import RunFailure, Verdict, classify, render
+from ..launch.job import Job
+from ..launch.run import RunWatch
+from ..leaks import Leak
+from ..recorder import NeverWaitedWarning
+from ..report import RunReport
+from . import rankbody, rankfixtures
+from .leaks import RANK_LEAKS_KEY
+from .markers import RUN_KEY, TIMEOUT_KEY, MultirankRun, is_special
+from .reports import MultirankFailed, fail_with, raise_verdict, relay_warnings, warn_at
+from .session import DdpSession
+from .special import runs_here
+
+
+@dataclass
+class _Active:
+    """A multirank test between its setup and its teardown."""
+
+    job: Job | None = None
+    watch: RunWatch | None = None
+    verdict: Verdict | None = None
+    unsendable: str | None = None  # a fixture value could not be sent: the call fails with it
+    teardown: RunFailure | None = None
+
+
+ACTIVE_KEY = pytest.StashKey[_Active]()
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:120]
+
+
+class MultirankHooks:
+    def __init__(self, ddp: DdpSession) -> None:
+        self.ddp = ddp
+        self.config = ddp.config
+        self._ids = itertools.count(1)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        # Forked here: every test module is imported, no test has run yet. Collection
+        # errors stop the session before this point, so bad input never spawns anything.
+        if session.config.option.collectonly:
+            return
+        if any(RUN_KEY in item.stash and (runs_here(item) or not is_special(item)) for item in session.items):
+            self.ddp.start_launcher(session)
+
+    # -- pytest-timeout times these tests through us -------------------------------------
+
+    @staticmethod
+    def _timed_here(item: pytest.Item) -> bool:
+        return (is_special(item) and not runs_here(item)) or RUN_KEY in item.stash
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
+        if not self._timed_here(item):
+            return None
+        # timed here, across the ranks or around the special test's interpreter:
+        # pytest-timeout never kills the pytest process for it
+        item.stash[TIMEOUT_KEY] = float(settings.timeout)
+        run = item.stash.get(RUN_KEY, None)
+        if run is not None:
+            run.timeout = float(settings.timeout)
+        return True
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
+        return True if self._timed_here(item) else None
+
+    # -- the phases --------------------------------------------------------------------------
+
+    def _runs_here(self, item: pytest.Item) -> MultirankRun | None:
+        run = item.stash.get(RUN_KEY, None)
+        if run is None or rankbody.in_rank or self.config.option.setuponly or self.config.option.setupplan:
+            return None
+        return run
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        run = self._runs_here(item)
+        if run is not None and run.spec.backend == "nccl":
+            self._skip_without_gpus(item, run)
+        result = yield
+        if run is not None and isinstance(item, pytest.Function):
+            self._start(item, run)
+        return result
+
+    def _skip_without_gpus(self, item: pytest.Item, run: MultirankRun) -> None:
+        visible = int(self.ddp.start_launcher(item.session).probe().get("cuda_devices", 0))
+        if visible < run.world_size:
+            pytest.skip(f"multirank(backend='nccl') needs {run.world_size} GPUs, {visible} visible")
+
+    def _start(self, item: pytest.Function, run: MultirankRun) -> None:
+        active = item.stash[ACTIVE_KEY] = _Active()
+        try:
+            names = rankfixtures.needed_values(item, run.dependent)
+            values = rankfixtures.pickle_values(item, names)
+            instance = rankfixtures.pickle_instance(item)
+        except rankfixtures.FixtureNotSendable as exc:
+            active.unsendable = str(exc)
+            return
+        launcher = self.ddp.start_launcher(item.session)
+        markup = bool(self.config.get_terminal_writer().hasmarkup)
+        payload = rankbody.ItemPayload(item.nodeid, values, instance, self._node_dirs(item, run), markup)
+        test_id = f"{os.getpid()}-{next(self._ids)}"
+        run_dir = os.path.join(self.ddp.folder(), f"run-{test_id}")
+        os.mkdir(run_dir)
+        active.job = Job(
+            test_id=test_id,
+            label=item.nodeid,
+            world_size=run.world_size,
+            nodes=run.spec.nodes,
+            backend=run.spec.backend,
+            init_process_group=run.spec.init_process_group,
+            timeout=self.ddp.limit_of(run),
+            run_dir=run_dir,
+            env=dict(os.environ),
+            cwd=os.getcwd(),
+            payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL),
+        )
+        active.watch = RunWatch(launcher, active.job)
+        active.watch.start()
+        active.watch.wait_setup()
+        if active.watch.over:
+            verdict = self._finish(item, active)
+            if verdict.failure is not None and verdict.failure.phase == "setup":
+                raise MultirankFailed(render(verdict.failure))
+
+    def _node_dirs(self, item: pytest.Function, run: MultirankRun) -> list[str]:
+        if "node_tmp_path" not in run.dependent:
+            return []
+        factory = item._request.getfixturevalue("tmp_path_factory")
+        base = _safe(item.name)[:30]
+        return [str(factory.mktemp(f"{base}-node{k}", numbered=True)) for k in range(run.spec.nodes)]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
+        if self._runs_here(pyfuncitem) is None:
+            return None
+        active = pyfuncitem.stash.get(ACTIVE_KEY, None)
+        if active is None:
+            raise fail_with("the multirank run was not started in the test's setup")
+        if active.unsendable is not None:
+            raise fail_with(active.unsendable)
+        verdict = active.verdict or self._finish(pyfuncitem, active)
+        raise_verdict(verdict)
+        return True
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        active = item.stash.get(ACTIVE_KEY, None)
+        if active is not None and active.watch is not None and active.verdict is None:
+            self._finish(item, active)  # the call never ran (interrupted): end the run anyway
+        result = yield
+        if active is not None and active.teardown is not None:
+            failure, active.teardown = active.teardown, None
+            raise MultirankFailed(render(failure))
+        return result
+
+    # -- ending a run ------------------------------------------------------------------------
+
+    def _finish(self, item: pytest.Item, active: _Active) -> Verdict:
+        """Wait for the end of the run, and say everything it left in the session."""
+        assert active.watch is not None and active.job is not None
+        watch, job = active.watch, active.job
+        report = watch.wait_end()
+        verdict = classify(report, watch.setup_done)
+        active.verdict = verdict
+        active.teardown = verdict.teardown
+        relay_warnings(item, [w for _, res in sorted(report.results.items()) for w in res.warnings])
+        if report.timeline is not None and verdict.outcome == "passed":
+            for text in report.timeline.never_waited():
+                warn_at(item, NeverWaitedWarning(text))
+        self._output_sections(item, report)
+        self._rank_leaks(item, report)
+        if verdict.failure is not None:
+            self._write_trace(item, report, verdict.failure)
+        job.remove_run_dir()
+        return verdict
+
+    def _output_sections(self, item: pytest.Item, report: RunReport) -> None:
+        capture = self.config.getoption("capture", "fd")
+        for r, (out, err) in sorted(report.outputs.items()):
+            if capture == "no":
+                for line in out.splitlines():
+                    print(f"[rank {r}] {line}")
+                for line in err.splitlines():
+                    print(f"[rank {r} stderr] {line}")
+                continue
+            if out:
+                item.add_report_section("call", f"stdout rank {r}", out)
+            if err:
+                item.add_report_section("call", f"stderr rank {r}", err)
+
+    @staticmethod
+    def _rank_leaks(item: pytest.Item, report: RunReport) -> None:
+        leaked = [
+            Leak("process", cmd, f"rank {r} left process {pid} running (killed): {cmd}")
+            for r, res in sorted(report.results.items())
+            for pid, cmd in res.leaks
+        ]
+        leaked.extend(
+            Leak("process", cmd, f"process {pid} started by a rank outlived it: {cmd} (killed)")
+            for pid, cmd in report.swept
+        )
+        if leaked:
+            item.stash[RANK_LEAKS_KEY] = leaked
+
+    def _write_trace(self, item: pytest.Item, report: RunReport, failure: RunFailure) -> None:
+        trace_dir = self.ddp.settings.trace_dir
+        if not trace_dir or report.timeline is None:
+            return
+        target = os.path.join(trace_dir, _safe(item.nodeid) + ".json")
+        try:
+            path = report.timeline.to_chrome_trace(target)
+        except OSError as exc:  # the test's own failure is what the report is about
+            message = f"--ddp-trace-dir: cannot write {target}: {type(exc).__name__}: {exc}"
+            warn_at(item, pytest.PytestWarning(message))
+        else:
+            failure.trace = path

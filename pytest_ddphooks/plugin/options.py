@@ -1,0 +1,102 @@
+"""The command-line options and ini values of pytest-ddphooks, each documented where it is
+defined. ``settings.Settings`` reads and checks them once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+DEFAULT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line option and its ini twin (``flag`` "" for an ini value alone)."""
+
+    name: str  # the ini name and the option's dest
+    flag: str
+    help: str
+    ini_default: Any = ""
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    ini_type: str | None = None  # "linelist" for a list
+    store_true: bool = False
+
+
+OPTIONS = (
+    Option(
+        "ddp_timeout",
+        "--ddp-timeout",
+        f"time limit of a multirank test across its ranks, in seconds (default {DEFAULT_TIMEOUT:g}); the"
+        " marker's timeout wins, pytest-timeout's value for the test comes next",
+        str(DEFAULT_TIMEOUT),
+        metavar="SECONDS",
+    ),
+    Option(
+        "ddp_leaks",
+        "--ddp-leaks",
+        "what a test that leaves a process group, process, thread, socket or distributed environment"
+        " variable behind gets: fail (default), warn, off",
+        "fail",
+        choices=("fail", "warn", "off"),
+    ),
+    Option(
+        "ddp_leaks_allow",
+        "",
+        "known long-lived things the leak guard ignores, one per line: thread:NAME-GLOB,"
+        " process:CMDLINE-GLOB, socket:HOST:PORT-GLOB, env:NAME, group:NAME",
+        [],
+        ini_type="linelist",
+    ),
+    Option(
+        "ddp_trace_dir",
+        "--ddp-trace-dir",
+        "write the recorded timeline of each failed multirank test there as Chrome trace JSON",
+        metavar="DIR",
+    ),
+    Option(
+        "ddp_preload",
+        "",
+        "modules the rank launcher imports before it forks ranks, one per line (torch and"
+        " torch.distributed always): what every rank would otherwise import anew, e.g. torch._dynamo",
+        [],
+        ini_type="linelist",
+    ),
+    Option(
+        "ddp_spmd",
+        "--ddp-spmd",
+        "run the session on the ranks torchrun launched: auto (when torchrun's environment is there, default), on, off",
+        "auto",
+        choices=("auto", "on", "off"),
+    ),
+    Option(
+        "ddp_plain_tests",
+        "--ddp-plain-tests",
+        "under torchrun, where plain (non-multirank) tests run: rank0 (default) or all ranks",
+        "rank0",
+        choices=("rank0", "all"),
+    ),
+    Option(
+        "ddp_verbose_ranks",
+        "--ddp-verbose-ranks",
+        "under torchrun, let every rank print its terminal report (default: rank 0 only)",
+        store_true=True,
+    ),
+)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ddphooks", "pytest-ddphooks (distributed hook ordering)")
+    for opt in OPTIONS:
+        if opt.flag:
+            help_text = opt.help + ("" if opt.store_true else f" (ini {opt.name})")
+            if opt.store_true:
+                group.addoption(opt.flag, dest=opt.name, action="store_true", default=False, help=help_text)
+            else:
+                group.addoption(
+                    opt.flag, dest=opt.name, default=None, choices=opt.choices, metavar=opt.metavar, help=help_text
+                )
+        if not opt.store_true:
+            parser.addini(opt.name, opt.help, type=opt.ini_type, default=opt.ini_default)  # type: ignore[arg-type]

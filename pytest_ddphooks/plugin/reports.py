@@ -1,0 +1,91 @@
+"""How a multirank verdict reaches pytest: the exception that ends a phase, the report's
+long representation (the rendered failure, at the rank's own failing line), skips at the
+rank's skip, and warnings raised in other processes."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Generator
+
+import pytest
+from _pytest._code.code import ReprEntryNative, ReprExceptionInfo, ReprFileLocation, ReprTraceback
+from _pytest.outcomes import Skipped
+
+from .. import warning_relay
+from ..failure import Rendered, Verdict, render
+
+
+class MultirankFailed(Exception):
+    """A multirank run failed; carries the report the user reads."""
+
+    def __init__(self, rendered: Rendered) -> None:
+        super().__init__(rendered.message)
+        self.rendered = rendered
+
+    def longrepr(self, item: pytest.Item) -> ReprExceptionInfo:
+        r = self.rendered
+        if r.location is not None:
+            path, line = r.location
+        else:
+            fspath, lineno, _ = item.location
+            path, line = str(item.config.rootpath / fspath), (lineno or 0) + 1
+        lines = [ln + "\n" for ln in r.text.splitlines()]
+        return ReprExceptionInfo(
+            reprtraceback=ReprTraceback([ReprEntryNative(lines)], None, "native"),
+            reprcrash=ReprFileLocation(path, line, r.message),
+        )
+
+
+class RankSkipped(Skipped):
+    """Every rank (or some, the rest passing) skipped; reported where the rank skipped."""
+
+    def __init__(self, message: str, location: tuple[str, int] | None) -> None:
+        super().__init__(message.removeprefix("Skipped: "))
+        self.message = message
+        self.location = location
+
+
+def fail_with(text: str, message: str | None = None) -> MultirankFailed:
+    return MultirankFailed(Rendered(message or text.splitlines()[0], text))
+
+
+def raise_verdict(verdict: Verdict) -> None:
+    """End the test's call phase as the merged verdict of its ranks says."""
+    if verdict.outcome == "failed" and verdict.failure is not None:
+        raise MultirankFailed(render(verdict.failure))
+    if verdict.outcome == "xfailed":
+        pytest.xfail(verdict.message)
+    if verdict.outcome == "skipped":
+        raise RankSkipped(verdict.message, verdict.location)
+
+
+def shape_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> pytest.TestReport:
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(exc, MultirankFailed) and report.failed:
+        report.longrepr = exc.longrepr(item)
+    elif isinstance(exc, RankSkipped) and report.skipped and exc.location is not None:
+        report.longrepr = (exc.location[0], exc.location[1], exc.message)
+    return report
+
+
+class ReportHooks:
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        return shape_report(item, call, report)
+
+
+def relay_warnings(item: pytest.Item, wires: list[warning_relay.WireWarning]) -> None:
+    """Warnings another process caught for this test, once each, into this session's summary."""
+    for wire in warning_relay.unique(wires):
+        message = warning_relay.load(wire)
+        kwargs = {"warning_message": message, "when": "runtest", "nodeid": item.nodeid, "location": None}
+        item.ihook.pytest_warning_recorded.call_historic(kwargs=kwargs)
+
+
+def warn_at(item: pytest.Item, warning: Warning) -> None:
+    """A warning about the test, shown at the test's own line."""
+    path, lineno, _ = item.reportinfo()
+    warnings.warn_explicit(warning, type(warning), str(path), (lineno or 0) + 1)

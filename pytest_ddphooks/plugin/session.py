@@ -1,0 +1,71 @@
+"""The plugin's state for one pytest session, shared by its hook classes: the settings, the
+session's private folder, the rank launcher, and the time limits of tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from .. import session_dirs
+from ..launch.launcher import Launcher
+from . import rankbody
+from .markers import RUN_KEY, TIMEOUT_KEY, MultirankRun
+from .settings import Settings
+
+SPECIAL_GRACE = 30.0  # a special multirank test's own watchdog reports first
+TIMED_SPECIAL_GRACE = 10.0  # pytest-timeout times the test inside; this catches what it cannot stop
+
+
+class DdpSession:
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.launcher: Launcher | None = None
+        self._folder: str | None = None
+
+    def folder(self) -> str:
+        """This session's private folder for run files (removed at the end of the session)."""
+        if self._folder is None:
+            self._folder = session_dirs.create()
+        return self._folder
+
+    def limit_of(self, run: MultirankRun) -> float:
+        """A multirank test's time limit: its marker's, pytest-timeout's, or the default."""
+        if run.spec.timeout is not None:
+            return run.spec.timeout
+        if run.timeout:
+            return run.timeout
+        return self.settings.timeout
+
+    def special_limit(self, item: pytest.Item) -> float:
+        """How long a special test may run in its interpreter once it started."""
+        run = item.stash.get(RUN_KEY, None)
+        if run is not None:
+            return self.limit_of(run) + SPECIAL_GRACE
+        if TIMEOUT_KEY in item.stash:
+            return item.stash[TIMEOUT_KEY] + TIMED_SPECIAL_GRACE
+        return self.settings.timeout
+
+    def start_launcher(self, session: pytest.Session) -> Launcher:
+        if self.launcher is None:
+            rankbody.register_items(session.items)
+            self.launcher = Launcher(
+                lambda job: lambda ctx: rankbody.run_in_rank(job, ctx),
+                log_path=os.path.join(self.folder(), "launcher.log"),
+            )
+            self.launcher.start()
+        return self.launcher
+
+    def own_processes(self) -> set[int]:
+        """The harness's own processes, which the leak guard never reports."""
+        return {self.launcher.pid} if self.launcher is not None else set()
+
+    def close(self) -> None:
+        if self.launcher is not None:
+            self.launcher.close()
+            self.launcher = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None

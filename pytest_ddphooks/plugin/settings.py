@@ -1,0 +1,98 @@
+"""One ``Settings`` for the session, read from the options and the ini file and checked once at
+start: a bad value stops the run there (exit code 4) with one message that names the option
+and the value, and no hook ever reads an option again."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from .. import spmd
+from ..leaks import Allowlist
+from ..spec import MAX_SECONDS
+from .options import DEFAULT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Settings:
+    timeout: float = DEFAULT_TIMEOUT  # default time limit of a multirank test
+    leaks: str = "fail"  # fail | warn | off
+    leaks_allow: Allowlist = field(default_factory=lambda: Allowlist(singletons=True))
+    trace_dir: str | None = None
+    preload: tuple[str, ...] = ()
+    spmd: bool = False  # the session runs on ranks torchrun launched
+    plain_tests_everywhere: bool = False
+    verbose_ranks: bool = False
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        return cls(
+            timeout=_timeout(config),
+            leaks=_choice(config, "ddp_leaks", ("fail", "warn", "off")),
+            leaks_allow=_allowlist(config),
+            trace_dir=_value(config, "ddp_trace_dir")[0] or None,
+            preload=tuple(config.getini("ddp_preload")),
+            spmd=_spmd_mode(config),
+            plain_tests_everywhere=_choice(config, "ddp_plain_tests", ("rank0", "all")) == "all",
+            verbose_ranks=bool(config.getoption("ddp_verbose_ranks")),
+        )
+
+    def import_preload(self) -> None:
+        """Import ini ddp_preload now, in the pytest process: the launcher forked from it has
+        them, and so has every rank. (Now rather than at the fork, so that pytester's inner
+        sessions, which drop what they imported, never import them a second time.)"""
+        for name in self.preload:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                raise pytest.UsageError(f"ini ddp_preload: cannot import {name!r}: {why}") from None
+
+
+def _value(config: pytest.Config, name: str) -> tuple[Any, str]:
+    """An option's value and how the user gave it (the words of an error), the command line first."""
+    flag = "--" + name.replace("_", "-")
+    given = config.getoption(name)
+    if given is not None:
+        return given, f"{flag}={given}"
+    raw = config.getini(name)
+    return raw, f"ini {name} = {raw}"
+
+
+def _choice(config: pytest.Config, name: str, choices: tuple[str, ...]) -> str:
+    value, where = _value(config, name)
+    if value not in choices:
+        raise pytest.UsageError(f"{where}: use one of {', '.join(choices)}")
+    return str(value)
+
+
+def _timeout(config: pytest.Config) -> float:
+    raw, where = _value(config, "ddp_timeout")
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise pytest.UsageError(f"{where}: not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0 or value > MAX_SECONDS:
+        raise pytest.UsageError(f"{where}: the time limit must be a number of seconds > 0 and <= {MAX_SECONDS:g}")
+    return value
+
+
+def _allowlist(config: pytest.Config) -> Allowlist:
+    try:
+        return Allowlist(singletons=True).extended(config.getini("ddp_leaks_allow"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"ini ddp_leaks_allow: {exc}") from None
+
+
+def _spmd_mode(config: pytest.Config) -> bool:
+    mode = _choice(config, "ddp_spmd", ("auto", "on", "off"))
+    if mode == "on" and not spmd.launched():
+        raise pytest.UsageError(
+            "--ddp-spmd=on needs the environment torchrun gives its ranks (RANK, WORLD_SIZE, MASTER_ADDR,"
+            " MASTER_PORT, TORCHELASTIC_RUN_ID): run the session under torchrun, or leave --ddp-spmd=auto"
+        )
+    return mode == "on" or (mode == "auto" and spmd.launched())

@@ -1,0 +1,160 @@
+"""What each rank of a live run is inside, followed from its event file as it grows.
+
+The run loop feeds each look only what was recorded since the last, so watching costs what
+the ranks record, never the whole run again. Two questions are answered from it:
+
+- a **desync**: ranks sit at the same place of a group's sequence inside calls that cannot
+  be one collective (rank 0 in all_reduce #3, rank 1 in broadcast #3); gloo would wait for
+  its timeout;
+- a **stall**: a rank waits in a collective, a receive or ``timeline()`` that a rank which
+  already finished the test never entered: it can never return.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .recorder import collectives, events
+from .recorder.clocks import collective_key
+
+
+@dataclass
+class _Rank:
+    inside: dict[int, dict[str, Any]] = field(default_factory=dict)  # call id -> the call it is in
+    issued: dict[int, dict[str, Any]] = field(default_factory=dict)  # call id -> async call not waited yet
+    entered: set[tuple[Any, ...]] = field(default_factory=set)  # collective keys it started
+    sent: dict[tuple[Any, ...], int] = field(default_factory=dict)  # (group, dst, tag) -> sends
+    received: dict[tuple[Any, ...], int] = field(default_factory=dict)  # (group, src, tag) -> receives done
+    final: dict[str, int] | None = None  # once finished: group -> its last collective, seen or not
+    exchanges: int = 0  # timeline() calls started
+    in_exchange: int = 0  # the timeline() call it is inside, 0 when none
+    count: int = 0  # events recorded
+
+
+def describe_call(info: dict[str, Any]) -> str:
+    """``all_reduce #3 on the default group``, ``recv from rank 1``, ``timeline()``."""
+    op = str(info.get("op"))
+    if info.get("sync") == collectives.RECV:
+        return f"recv from rank {info.get('src')}"
+    if info.get("sync") == collectives.SEND:
+        return f"send to rank {info.get('dst')}"
+    label = collectives.group_label(str(info.get("group")), info.get("ranks"))
+    return f"{op} #{info.get('seq')} on {label}"
+
+
+class RankProgress:
+    def __init__(self) -> None:
+        self._ranks: dict[int, _Rank] = {}
+
+    def _of(self, rank: int) -> _Rank:
+        state = self._ranks.get(rank)
+        if state is None:
+            state = self._ranks[rank] = _Rank()
+        return state
+
+    def feed(self, rank: int, records: list[events.RawEvent]) -> None:
+        state = self._of(rank)
+        for call_id, _, _, kind, phase, _, info in records:
+            if kind == events.META:
+                continue
+            state.count += 1
+            if kind == events.COUNTERS:
+                state.final = {str(k): int(v) for k, v in (info or {}).items()}
+            elif kind == events.EXCHANGE:
+                if phase == events.START:
+                    state.exchanges += 1
+                    state.in_exchange = state.exchanges
+                else:
+                    state.in_exchange = 0
+            elif kind in (events.COLLECTIVE, events.P2P) and info and info.get("effective", True):
+                self._call(state, call_id, kind, phase, info)
+            elif kind == events.WAIT:
+                if phase == events.START:
+                    waited = state.issued.pop(int((info or {}).get("of", 0)), None)
+                    if waited is not None:
+                        state.inside[call_id] = waited
+                else:
+                    state.inside.pop(call_id, None)
+
+    @staticmethod
+    def _call(state: _Rank, call_id: int, kind: str, phase: str, info: dict[str, Any]) -> None:
+        sync = info.get("sync")
+        if phase == events.START:
+            if kind == events.COLLECTIVE and info.get("seq"):
+                state.entered.add(collective_key(info))
+            elif sync == collectives.SEND:
+                key = (info.get("group"), info.get("dst"), info.get("tag", 0))
+                state.sent[key] = state.sent.get(key, 0) + 1
+            if kind == events.COLLECTIVE and not info.get("seq"):
+                return
+            state.inside[call_id] = info
+            if info.get("async"):
+                state.issued[call_id] = info  # where it completes is its wait
+            return
+        started = state.inside.pop(call_id, None)
+        if started is not None and started.get("sync") == collectives.RECV and "error" not in info:
+            key = (started.get("group"), info.get("src", started.get("src")), started.get("tag", 0))
+            state.received[key] = state.received.get(key, 0) + 1
+
+    def desync(self) -> tuple[object, ...] | None:
+        """The first collective that ranks are inside with calls that cannot match, with how
+        many events those ranks had recorded (to tell a stuck state from progress); else None."""
+        at: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
+        for rank, state in self._ranks.items():
+            for info in state.inside.values():
+                if info.get("seq") and info.get("sync") not in (collectives.SEND, collectives.RECV):
+                    at.setdefault(collective_key(info), {})[rank] = info
+        for key in sorted(at, key=lambda k: (int(k[2]), str(k[1]))):
+            ranks = at[key]
+            ops = {r: str(info.get("op")) for r, info in ranks.items()}
+            if len(ranks) < 2 or len({collectives.comparable(ops[r], info) for r, info in ranks.items()}) < 2:
+                continue
+            calls = tuple(sorted((r, collectives.signature(ops[r], info)) for r, info in ranks.items()))
+            return (key[1], key[2], calls, tuple(self._of(r).count for r in sorted(ranks)))
+        return None
+
+    def stalled(self, finished: dict[int, str], live: set[int], world_size: int) -> dict[int, tuple[str, list[int]]]:
+        """Live ranks that wait for a rank which finished the test (``finished``: rank -> how)
+        and never entered what they wait in: rank -> (what it waits in, those ranks)."""
+        out: dict[int, tuple[str, list[int]]] = {}
+        for rank in sorted(live):
+            state = self._of(rank)
+            if state.in_exchange:
+                absent = [r for r in sorted(finished) if self._of(r).exchanges < state.in_exchange]
+                if absent:
+                    out[rank] = ("timeline()", absent)
+                    continue
+            for info in state.inside.values():
+                absent = self._absent(rank, info, finished, world_size)
+                if absent:
+                    out[rank] = (describe_call(info), absent)
+                    break
+        return out
+
+    def _absent(self, rank: int, info: dict[str, Any], finished: dict[int, str], world_size: int) -> list[int]:
+        sync = info.get("sync")
+        if sync == collectives.RECV:
+            src = info.get("src")
+            if src is None or src not in finished:
+                return []
+            key = (info.get("group"), src, info.get("tag", 0))
+            sent = self._of(int(src)).sent.get((info.get("group"), rank, info.get("tag", 0)), 0)
+            return [int(src)] if sent <= self._of(rank).received.get(key, 0) else []
+        if sync == collectives.SEND or not info.get("seq"):
+            return []  # a send completes into the peer's buffer; nothing to wait for
+        members = info.get("ranks") or list(range(int(info.get("group_size") or world_size)))
+        key = collective_key(info)
+        return [m for m in members if m in finished and not self._may_have_entered(self._of(m), key)]
+
+    @staticmethod
+    def _may_have_entered(state: _Rank, key: tuple[Any, ...]) -> bool:
+        """Whether a finished rank may have entered a collective: it recorded it, or issued
+        it through an API the recorder cannot see (its group's counter went that far)."""
+        if key in state.entered:
+            return True
+        if key[0] != "c":
+            return False  # a monitored barrier is always recorded
+        if state.final is None or str(key[1]) not in state.final:
+            return True  # nothing says it did not: never a stall on a guess
+        return int(key[2]) <= state.final[str(key[1])]

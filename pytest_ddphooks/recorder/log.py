@@ -1,0 +1,210 @@
+"""One rank's event log: what every recorded call writes, and the bookkeeping that pairs
+its collectives with the other ranks' (the groups' own sequence counters, sends and
+receives, asynchronous work waiting for its wait)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from typing import Any
+
+from . import events
+from .events import EventFile, RawEvent
+
+_SYNC_KINDS = (events.COLLECTIVE, events.P2P)
+
+
+class _GroupCounter:
+    """What this rank has seen of one group's own sequence counter (every collective and
+    send/recv on the group advances it, whichever API issued it)."""
+
+    __slots__ = ("calls", "expected", "offset")
+
+    def __init__(self) -> None:
+        self.offset = 0  # how far this rank's own sends and receives advanced it
+        self.expected: int | None = None  # its value after the last recorded call
+        self.calls = 0  # recorded calls, for a group whose counter cannot be read
+
+
+class EventLog:
+    """The events of one rank, in memory and, with ``event_file``, in a crash-safe file."""
+
+    def __init__(
+        self,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        event_file: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+        self._raw: list[RawEvent] = []
+        self._file = EventFile(event_file) if event_file is not None else None
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._lanes: dict[int, int] = {}
+        self._issued: dict[int, int] = {}
+        self._seq: dict[Any, int] = {}
+        self._p2p: dict[tuple[Any, ...], int] = {}
+        self._counters: dict[str, _GroupCounter] = {}
+        self._groups: dict[str, Any] = {}  # group key -> its ProcessGroup, to read its counter at the end
+        self._incarnation = 1  # of the groups: destroy_process_group ends one
+        self._pending: dict[int, tuple[Any, int, str, dict[str, Any]]] = {}  # id(work) -> what it completes
+        main = threading.main_thread()
+        self._lane_of(main.ident or 0, main.name)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _lane_of(self, ident: int, name: str | None = None) -> int:
+        lane = self._lanes.get(ident)
+        if lane is None:
+            with self._lock:
+                lane = self._lanes.setdefault(ident, len(self._lanes))
+            if name is None:
+                name = threading.current_thread().name
+            self._write((0, time.time_ns(), lane, events.META, events.POINT, name, {"ident": ident}))
+        return lane
+
+    def _write(self, record: RawEvent) -> None:
+        self._raw.append(record)
+        if self._file is not None:
+            with self._lock:
+                self._file.write(record)
+
+    def _write_file_only(self, kind: str, phase: str, name: str, info: dict[str, Any] | None) -> None:
+        """A record for the watchdog alone: in the event file, never in the timeline."""
+        if self._file is not None:
+            lane = self._lane_of(threading.get_ident())
+            with self._lock:
+                self._file.write((0, time.time_ns(), lane, kind, phase, name, info))
+
+    def _emit(self, kind: str, phase: str, name: str, info: dict[str, Any] | None, call_id: int) -> int:
+        lane = self._lanes.get(threading.get_ident())
+        if lane is None:
+            lane = self._lane_of(threading.get_ident())
+        if phase == events.START and kind in _SYNC_KINDS and (info is None or info.get("effective", True)):
+            self._issued[lane] = self._issued.get(lane, 0) + 1
+        self._write((call_id, time.time_ns(), lane, kind, phase, name, info))
+        return lane
+
+    def begin(self, kind: str, name: str, info: dict[str, Any] | None = None) -> int:
+        call_id = next(self._ids)
+        self._emit(kind, events.START, name, info, call_id)
+        return call_id
+
+    def end(self, call_id: int, kind: str, name: str, info: dict[str, Any] | None = None) -> None:
+        self._emit(kind, events.END, name, info, call_id)
+
+    def mark(self, name: str, **info: Any) -> None:
+        """Record a point event ``name`` with optional details."""
+        self._emit(events.MARK, events.POINT, str(name), _plain(info) if info else None, next(self._ids))
+
+    def issued_on_this_thread(self) -> int:
+        """How many collectives (on an existing group) this thread has started so far."""
+        return self._issued.get(self._lanes.get(threading.get_ident(), -1), 0)
+
+    # -- pairing collectives across ranks ----------------------------------------------------
+
+    def next_seq(self, group: Any) -> int:
+        n = self._seq.get(group, 0) + 1
+        self._seq[group] = n
+        return n
+
+    def group_key(self, name: str) -> str:
+        """A group's name in the events: its own, with the incarnation once the groups were
+        destroyed and created again (group names and counters start over then)."""
+        return name if self._incarnation == 1 else f"{name}/{self._incarnation}"
+
+    def groups_destroyed(self) -> None:
+        self._incarnation += 1
+        self._counters.clear()
+        self._groups.clear()
+
+    def _counter_of(self, group: str) -> _GroupCounter:
+        state = self._counters.get(group)
+        if state is None:
+            state = self._counters[group] = _GroupCounter()
+        return state
+
+    def collective_seq(self, group: str, counter: int | None) -> tuple[int, int]:
+        """The number that pairs a collective starting now on ``group`` across its members,
+        and how many calls on the group this rank made since its last recorded one, unseen.
+
+        The number is the group's own counter (``counter``, read before the call) less what
+        this rank's own sends and receives added to it: every member agrees on it, however
+        the collectives were issued, so calls the recorder could not see never shift it."""
+        state = self._counter_of(group)
+        state.calls += 1
+        if counter is None:
+            return state.calls, 0
+        unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
+        return counter - state.offset + 1, unseen
+
+    def group_created(self, group: str, pg: Any, counter: int | None) -> None:
+        """A group came into being with its counter at ``counter`` (0): from here on, any call
+        on it the recorder does not see is a gap."""
+        self._groups[group] = pg
+        if counter is not None:
+            self._counter_of(group).expected = counter
+
+    def final_counters(self) -> dict[str, int]:
+        """For each group this rank created: the number of the last collective it issued on
+        it, recorded or not (its counter less its own sends and receives)."""
+        out = {}
+        for key, pg in self._groups.items():
+            try:
+                counter = int(pg._get_sequence_number_for_group())
+            except Exception:
+                continue  # destroyed, or a backend without a counter
+            state = self._counters.get(key)
+            out[key] = counter - (state.offset if state is not None else 0)
+        return out
+
+    def write_final_counters(self) -> None:
+        """Tell the watchdog which collectives this finished rank issued, seen or not: a peer
+        waiting in a later one waits for nothing."""
+        self._write_file_only(events.COUNTERS, events.POINT, "counters", self.final_counters())
+
+    def counted(self, group: str, before: int | None, after: int | None, p2p: bool) -> None:
+        """A call on ``group`` returned with the group's counter at ``after``."""
+        if not group or before is None or after is None:
+            return
+        state = self._counter_of(group)
+        state.expected = after
+        if p2p:
+            state.offset += after - before
+
+    def awaiting(self, work: Any, call_id: int, name: str, info: dict[str, Any]) -> None:
+        """An asynchronous call returned ``work``: its wait is where it completes."""
+        self._pending[id(work)] = (work, call_id, name, info)
+
+    def waited(self, work: Any) -> tuple[Any, int, str, dict[str, Any]] | None:
+        return self._pending.pop(id(work), None)
+
+    def never_waited(self) -> list[tuple[int, str, dict[str, Any]]]:
+        """Asynchronous calls whose work nobody waited for (yet)."""
+        return [(call_id, name, info) for _, call_id, name, info in self._pending.values()]
+
+    def next_p2p(self, key: tuple[Any, ...]) -> int:
+        n = self._p2p.get(key, 0) + 1
+        self._p2p[key] = n
+        return n
+
+
+def _plain(value: Any) -> Any:
+    """A value marshal can write: primitives stay, containers recurse, the rest is repr'd."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return repr(value)
+
+
+def error_text(exc: BaseException) -> str:
+    """How an event's info says that a call raised."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 300 else text[:297] + "..."

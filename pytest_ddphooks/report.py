@@ -1,0 +1,120 @@
+"""What a multirank run observed: each rank's result and exit, what the harness did, what
+was recorded. Built by the launcher's run loop, or under torchrun from the results the
+ranks exchanged; ``failure.classify`` turns it into a verdict."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from .recorder.timeline import Timeline
+from .stacks import Stacks
+
+PHASES = ("setup", "call", "teardown")
+
+
+@dataclass
+class RankResult:
+    """How the test went on one rank."""
+
+    rank: int
+    outcome: str  # "passed", "failed", "skipped", "xfailed"
+    longrepr: str = ""  # the rank's own failure report, formatted where it happened
+    message: str = ""  # one line: "AssertionError: assert 1 == 2"
+    location: tuple[str, int] | None = None  # (path, line) of the failure or skip
+    duration: float = 0.0
+    leaks: list[tuple[int, str]] = field(default_factory=list)  # (pid, command) left running, killed
+    harness_error: bool = False  # the failure came from setting the rank up, not the test
+    phase: str = "call"  # where a failure happened: fixture "setup", the body ("call"), "teardown"
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # warning_relay's wire form
+
+    def write(self, path: str) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(self, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+
+    @staticmethod
+    def read(path: str) -> RankResult | None:
+        try:
+            with open(path, "rb") as f:
+                result = pickle.load(f)
+        except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+            return None
+        return result if isinstance(result, RankResult) else None
+
+
+@dataclass
+class RankExit:
+    """How a rank process ended: ``code`` from exit(), or the ``signal`` that killed it."""
+
+    rank: int
+    pid: int
+    code: int | None
+    signal: int | None
+    by_harness: bool = False  # killed by the harness while it still ran, not ended on its own
+
+    @classmethod
+    def from_status(cls, rank: int, pid: int, status: int, by_harness: bool = False) -> RankExit:
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            return cls(rank, pid, None, -code, by_harness)
+        return cls(rank, pid, code, None, by_harness)
+
+    @property
+    def clean(self) -> bool:
+        return self.signal is None and self.code == 0
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            return f"killed by {name}"
+        return f"exit code {self.code}"
+
+
+@dataclass
+class Stall:
+    """Ranks stopped early: they waited in a collective (or ``timeline()``) that ranks which
+    had finished the test never entered."""
+
+    waiting: dict[int, str]  # rank -> what it waits in: "all_reduce #3 on the default group"
+    left: dict[int, str]  # rank -> how it finished: "passed", "skipped"
+
+
+@dataclass
+class RunReport:
+    world_size: int
+    limit: float  # the run's time limit, in seconds
+    results: dict[int, RankResult] = field(default_factory=dict)
+    exits: dict[int, RankExit] = field(default_factory=dict)
+    stopped: dict[int, str] = field(default_factory=dict)  # rank -> why the harness stopped it
+    timed_out: bool = False
+    desynced: bool = False  # stopped early: blocked in collectives that can never match
+    stall: Stall | None = None  # stopped early: waiting for ranks that had finished
+    first_failure: int | None = None
+    stacks: dict[int, Stacks] = field(default_factory=dict)
+    frozen: set[int] = field(default_factory=set)  # ranks found stopped (SIGSTOP) when stopped
+    outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
+    timeline: Timeline | None = None
+    thread_idents: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, lane) -> ident
+    swept: list[tuple[int, str]] = field(default_factory=list)  # processes ranks abandoned, killed
+    duration: float = 0.0
+    stopped_at_ns: int = 0
+
+    @property
+    def stuck(self) -> bool:
+        """The ranks were stopped while stuck: at the time limit, in a desync, or waiting for
+        ranks that had left."""
+        return self.timed_out or self.desynced or self.stall is not None
+
+    def died(self, rank: int) -> bool:
+        if rank in self.stopped:
+            return False
+        ex = self.exits.get(rank)
+        return rank not in self.results or (ex is not None and not ex.clean)

@@ -56,6 +56,7 @@ class RankState:
     blocked: Blocked | None = None
     frame: Frame | None = None  # the innermost line of user code it was at
     exit: RankExit | None = None
+    last: str = ""  # its last recorded event, for a rank that cannot show its stack
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,11 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     stack = stacks.main(report.thread_idents.get((rank, 0))) if stacks is not None else None
     frame = user_frame(stack) if stack is not None else None
     state = "frozen" if rank in report.frozen else "blocked" if blocked is not None else "running"
-    return RankState(rank, state, reason=reason, hooks=_hooks(spans), blocked=blocked, frame=frame)
+    last = ""
+    if state == "frozen" and timeline is not None:
+        seen = timeline.for_rank(rank)
+        last = seen[-1].describe() if seen else "nothing recorded"
+    return RankState(rank, state, reason=reason, hooks=_hooks(spans), blocked=blocked, frame=frame, last=last)
 
 
 def _tail(text: str, lines: int = 25) -> tuple[str, ...]:
@@ -337,6 +342,8 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
         lines.append(f"{head}stopped (SIGSTOP){where}")
         if s.blocked is not None:
             lines.append(f"  when it was stopped it was {describe_blocked(s.blocked)}")
+        if s.last:
+            lines.append(f"  its last recorded event: {s.last}")
     elif s.blocked is not None:
         lines.append(f"{head}{describe_blocked(s.blocked)}{where}")
         if s.blocked.missing:
@@ -376,6 +383,8 @@ def _hang_lines(f: RunFailure) -> list[str]:
 
 def _stack_lines(f: RunFailure) -> list[str]:
     lines: list[str] = []
+    for rank in sorted(r for r, st in f.ranks.items() if st.state == "frozen"):
+        lines.extend(["", f"rank {rank}: no stack (stopped by SIGSTOP: it runs no code until continued)"])
     for rank in sorted(f.stacks):
         stacks = f.stacks[rank]
         lines.append("")

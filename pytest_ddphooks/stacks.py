@@ -16,7 +16,7 @@ import re
 import signal
 import sysconfig
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -75,21 +75,16 @@ def parse_stacks(text: str) -> Stacks:
     return out
 
 
-def dump_stacks(
-    targets: Mapping[K, tuple[int, str]], wait: float = 1.0, resume: Collection[int] = ()
-) -> dict[K, Stacks]:
+def dump_stacks(targets: Mapping[K, tuple[int, str]], wait: float = 1.0) -> dict[K, Stacks]:
     """Ask processes (key -> (pid, the file their faulthandler writes on SIGUSR1)) for their
-    stacks; read them once they stop growing, or after ``wait`` seconds. The processes of
-    ``resume`` are stopped (SIGSTOP): they are continued so that they can answer, and write
-    where they were stopped before running anything else."""
+    stacks; read them once they stop growing, or after ``wait`` seconds. A process stopped by
+    SIGSTOP cannot answer: continuing it to ask would change what it is being asked about."""
     for _, path in targets.values():
         with contextlib.suppress(OSError):
             os.truncate(path, 0)
     for pid, _ in targets.values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
-            if pid in resume:
-                os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + wait
     sizes: dict[K, int] = {}
     steady: set[K] = set()

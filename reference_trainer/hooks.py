@@ -7,14 +7,34 @@ datamodule before calling any hook, so hooks can ask for the rank they run on.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
     from torch.utils.data import DataLoader
 
-    from .trainer import Trainer
+
+class Trainer(Protocol):
+    """The trainer as hooks see it (``reference_trainer.Trainer``)."""
+
+    current_epoch: int
+    global_step: int
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def local_rank(self) -> int: ...
+
+    @property
+    def node_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def is_global_zero(self) -> bool: ...
 
 
 class Module:

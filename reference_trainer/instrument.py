@@ -9,8 +9,8 @@ bracket the group's life.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from .hooks import CALLBACK_HOOKS, Callback, DataModule, Module
 
@@ -18,7 +18,16 @@ if TYPE_CHECKING:
     from pytest_ddphooks import Recorder
 
     from .strategies import Strategy
-    from .trainer import Trainer
+
+
+class Trainer(Protocol):
+    """What instrumenting a fit needs of the trainer (``reference_trainer.Trainer``)."""
+
+    callbacks: list[Callback]
+    _caller_instrumented: bool
+
+    def add_strategy_hook(self, hook: Callable[[Strategy], None]) -> None: ...
+
 
 MODULE_HOOKS = (
     "prepare_data",

@@ -20,19 +20,46 @@ import tempfile
 import time
 import traceback
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from . import instrument
+from .results import FitResult, RankOutput
 from .strategies import Strategy
 
 if TYPE_CHECKING:
-    from .hooks import DataModule, Module
-    from .trainer import FitResult, Trainer
+    from pytest_ddphooks import Timeline
+
+    from .hooks import Callback, DataModule, Module
 
 LOOPBACK = "127.0.0.1"
+
+
+class Trainer(Protocol):
+    """What launching ranks needs of the trainer (``reference_trainer.Trainer``)."""
+
+    record: bool
+    recorder_arg: Any
+    timeout: float
+    callbacks: list[Callback]
+    strategy: Strategy | None
+    timeline: Timeline | None
+    failed_at_ns: int | None
+    _caller_instrumented: bool
+    _launched: bool
+
+    def new_strategy(self) -> Strategy: ...
+
+    def should_prepare(self, strategy: Strategy) -> bool: ...
+
+    def prepare_data(self, module: Module, dm: DataModule | None) -> None: ...
+
+    def fit_rank(
+        self, module: Module, datamodule: DataModule | None, strategy: Strategy, event_file: str | None = None
+    ) -> RankOutput: ...
 
 
 class RankError(RuntimeError):
@@ -65,8 +92,6 @@ def rank_env(rank: int, world_size: int, num_nodes: int, port: int) -> dict[str,
 
 
 def launch(trainer: Trainer, module: Module, datamodule: DataModule | None, strategy: Strategy) -> FitResult:
-    from .trainer import FitResult, RankOutput
-
     if trainer.recorder_arg is not None or trainer._caller_instrumented:
         raise ValueError(
             f"strategy {strategy.name!r} launches its own ranks, which cannot record into a recorder of this"
@@ -142,8 +167,6 @@ def _prepare_in_launcher(
     trainer: Trainer, module: Module, datamodule: DataModule | None, world: int, nodes: int, run_dir: str
 ) -> None:
     """ddp_spawn: prepare_data here, standing in for each rank that would have prepared."""
-    from . import instrument
-
     try:
         for rank in range(world):
             stand_in = trainer.new_strategy()

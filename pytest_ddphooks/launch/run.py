@@ -58,7 +58,8 @@ class RunWatch:
     # -- following the run ---------------------------------------------------------------
 
     def wait_setup(self) -> None:
-        """Until every rank has set up its fixtures, or the run is over."""
+        """Until every rank has set up its fixtures, or the run is over (a rank whose setup
+        failed leaves at once, which ends it)."""
         self._follow(lambda: len(self.setup_done) == self.job.world_size)
 
     def wait_end(self) -> RunReport:
@@ -94,7 +95,7 @@ class RunWatch:
             self._look()
 
     def _on_note(self, note: protocol.Noted) -> None:
-        if note.phase == "setup":
+        if note.phase == "setup" and note.status == "ok":
             self.setup_done.add(note.rank)
         elif note.phase == "done":
             self.finished[note.rank] = note.status
@@ -151,9 +152,8 @@ class RunWatch:
         if live:
             report.stopped_at_ns = time.time_ns()
             report.frozen = {r for r, p in live.items() if procs.is_frozen(p)}
-            targets = {r: (p, self.job.path(r, "stacks")) for r, p in live.items()}
-            # a frozen rank answers once continued: it is killed right after anyway
-            report.stacks = dump_stacks(targets, resume={p for r, p in live.items() if r in report.frozen})
+            targets = {r: (p, self.job.path(r, "stacks")) for r, p in live.items() if r not in report.frozen}
+            report.stacks = dump_stacks(targets) if targets else {}
             for r in live:
                 report.stopped[r] = reason
             for ex in self.launcher.kill(self.job.test_id):

@@ -1,0 +1,200 @@
+"""The failure model without ranks: synthetic RunReports in, a classified verdict and the
+words a user reads out."""
+
+from __future__ import annotations
+
+import signal
+
+from synth import Sim
+
+from pytest_ddphooks.failure import DEATH, DESYNC, FAILURE, HANG, STALL, classify, render
+from pytest_ddphooks.report import RankExit, RankResult, RunReport, Stall
+from pytest_ddphooks.stacks import parse_stacks
+
+
+def _passed(rank: int) -> RankResult:
+    return RankResult(rank, "passed")
+
+
+def _failed(rank: int, message: str, *, phase: str = "call", line: int = 7) -> RankResult:
+    return RankResult(
+        rank,
+        "failed",
+        longrepr=f"E   {message}",
+        message=message,
+        location=("test_x.py", line),
+        phase=phase,
+    )
+
+
+def _report(world: int = 2, **kwargs) -> RunReport:
+    report = RunReport(world, 3.0, **kwargs)
+    for rank in range(world):
+        if rank in report.results and rank not in report.exits:
+            report.exits[rank] = RankExit(rank, 100 + rank, 0, None)
+    return report
+
+
+def test_every_rank_passing_is_a_pass() -> None:
+    verdict = classify(_report(results={0: _passed(0), 1: _passed(1)}))
+    assert verdict.outcome == "passed"
+    assert verdict.failure is None and verdict.teardown is None
+
+
+def test_one_failing_rank_is_the_culprit_and_its_line_is_the_location() -> None:
+    verdict = classify(_report(results={0: _passed(0), 1: _failed(1, "assert 1 == 2")}, first_failure=1))
+    f = verdict.failure
+    assert verdict.outcome == "failed" and f is not None
+    assert (f.cause, f.phase, f.culprits) == (FAILURE, "call", [1])
+    rendered = render(f)
+    assert rendered.message == "rank 1: assert 1 == 2"
+    assert rendered.location == ("test_x.py", 7)
+    assert rendered.text.splitlines()[:3] == [
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: passed",
+        "  rank 1: failed: assert 1 == 2",
+    ]
+    assert "E   assert 1 == 2" in rendered.text
+
+
+def test_a_rank_that_failed_because_its_peer_went_away_is_a_consequence() -> None:
+    gone = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1234"
+    report = _report(results={0: _failed(0, "ValueError: bad batch"), 1: _failed(1, gone)}, first_failure=0)
+    f = classify(report).failure
+    assert f is not None and f.culprits == [0]
+    assert [(rf.rank, rf.how, rf.after) for rf in f.failures] == [(0, "failed", None), (1, "consequence", 0)]
+    text = render(f).text
+    assert "  rank 1: failed after rank 0, because its peer went away: RuntimeError: [pair.cc:553] Connection" in text
+
+
+def test_a_death_before_reporting_stops_the_others_and_is_the_root_cause() -> None:
+    report = _report(
+        exits={1: RankExit(1, 101, None, signal.SIGSEGV), 0: RankExit(0, 100, None, signal.SIGKILL, True)},
+        stopped={0: "stopped after rank 1 died (killed by SIGSEGV)"},
+        first_failure=1,
+        outputs={
+            1: ("", "Fatal Python error: Segmentation fault\n\nCurrent thread 0x0001 (most recent call first):\n")
+        },
+    )
+    f = classify(report).failure
+    assert f is not None and (f.cause, f.culprits) == (DEATH, [1])
+    assert f.ranks[0].state == "running" and f.ranks[0].reason.startswith("stopped after rank 1 died")
+    rendered = render(f)
+    assert rendered.message == "rank 1 died (killed by SIGSEGV)"
+    assert "rank 1 died: killed by SIGSEGV before it could report" in rendered.text
+    assert "  Fatal Python error: Segmentation fault" in rendered.text
+    assert "  rank 0: stopped after rank 1 died (killed by SIGSEGV); it was running" in rendered.text
+
+
+def _rank0_in_barrier(sim: Sim) -> None:
+    sim.cstart(0, "barrier")
+    sim.mark(1, "busy")
+
+
+def test_a_hang_at_the_limit_says_who_is_blocked_in_what_and_who_never_came() -> None:
+    sim = Sim(2)
+    _rank0_in_barrier(sim)
+    stacks = parse_stacks('Thread 0x00000001 (most recent call first):\n  File "test_x.py", line 9 in test_y\n')
+    report = _report(
+        timed_out=True,
+        stopped={0: "timed out after 3 s", 1: "timed out after 3 s"},
+        stacks={0: stacks, 1: stacks},
+        timeline=sim.timeline(),
+        stopped_at_ns=sim.t + 2_500_000_000,
+    )
+    f = classify(report).failure
+    assert f is not None and (f.cause, sorted(f.culprits)) == (HANG, [0, 1])
+    blocked = f.ranks[0].blocked
+    assert blocked is not None and (blocked.op, blocked.seq, blocked.missing) == ("barrier", 1, (1,))
+    assert f.ranks[1].state == "running"
+    rendered = render(f)
+    assert rendered.text.splitlines()[:4] == [
+        "hang: the test did not finish within 3 s (2 ranks)",
+        "  rank 0: blocked in barrier #1 on the default group for 2.5 s",
+        "    ranks that never entered barrier #1: 1",
+        "    stuck at test_x.py:9 in test_y: ",
+    ]
+    assert rendered.message == "hang after 3 s; rank 0: blocked in barrier #1 on the default group for 2.5 s"
+    assert "recorded timeline:" in rendered.text
+
+
+def test_different_collectives_at_one_place_of_the_sequence_are_a_desync_said_first() -> None:
+    sim = Sim(2)
+    sim.cstart(0, "all_reduce")
+    sim.cstart(1, "broadcast", root=0)
+    report = _report(desynced=True, stopped={0: "stopped", 1: "stopped"}, timeline=sim.timeline(), duration=1.0)
+    f = classify(report).failure
+    assert f is not None and f.cause == DESYNC
+    rendered = render(f)
+    first = (
+        "desync: collective #1 on the default group: rank 0 all_reduce(float32[4]), rank 1 broadcast(float32[4], src=0)"
+    )
+    assert rendered.message == first
+    assert rendered.text.splitlines()[0] == first
+    assert "not at the 3 s limit: they are blocked in collectives that can never match" in rendered.text
+
+
+def test_waiting_for_a_rank_that_finished_is_a_stall_named_as_such() -> None:
+    sim = Sim(2)
+    sim.cstart(0, "barrier")
+    report = _report(
+        results={1: _passed(1)},
+        stall=Stall({0: "barrier #1 on the default group"}, {1: "passed"}),
+        stopped={0: "stopped: it waited for ranks that had finished the test", 1: "stopped"},
+        timeline=sim.timeline(),
+        duration=0.2,
+    )
+    f = classify(report).failure
+    assert f is not None and f.cause == STALL
+    rendered = render(f)
+    assert rendered.message == (
+        "rank 1 finished the test without calling barrier #1 on the default group; rank 0 waits in it"
+    )
+    assert "  rank 1: finished the test body (passed), then waited for the other ranks" in rendered.text
+
+
+def test_a_frozen_rank_is_reported_as_stopped_by_sigstop() -> None:
+    sim = Sim(2)
+    _rank0_in_barrier(sim)
+    report = _report(
+        timed_out=True,
+        frozen={1},
+        stopped={0: "timed out after 3 s", 1: "timed out after 3 s"},
+        timeline=sim.timeline(),
+    )
+    f = classify(report).failure
+    assert f is not None and f.ranks[1].state == "frozen"
+    assert "  rank 1: stopped (SIGSTOP)" in render(f).text.splitlines()
+
+
+def test_a_rank_fixture_that_fails_to_set_up_is_reported_at_setup() -> None:
+    report = _report(
+        results={0: _failed(0, "OSError: no data", phase="setup")},
+        exits={0: RankExit(0, 100, 0, None), 1: RankExit(1, 101, None, signal.SIGKILL, True)},
+        stopped={1: "stopped after rank 0 failed"},
+        first_failure=0,
+    )
+    f = classify(report, setup_done={1}).failure
+    assert f is not None and f.phase == "setup"
+    assert "  rank 0: failed in fixture setup: OSError: no data" in render(f).text
+
+
+def test_a_rank_still_setting_up_when_the_run_hung_is_a_setup_error() -> None:
+    report = _report(timed_out=True, stopped={0: "timed out", 1: "timed out"})
+    assert classify(report, setup_done={0}).failure.phase == "setup"
+    assert classify(report, setup_done={0, 1}).failure.phase == "call"
+
+
+def test_a_fixture_teardown_that_fails_after_a_passing_body_leaves_the_test_passed() -> None:
+    report = _report(results={0: _passed(0), 1: _failed(1, "RuntimeError: close", phase="teardown")})
+    verdict = classify(report)
+    assert verdict.outcome == "passed" and verdict.teardown is not None
+    assert "error in fixture teardown inside the rank" in render(verdict.teardown).text
+
+
+def test_skips_and_xfails_merge_across_ranks() -> None:
+    skipped = RankResult(1, "skipped", message="Skipped: no data", location=("test_x.py", 3))
+    verdict = classify(_report(results={0: _passed(0), 1: skipped}))
+    assert (verdict.outcome, verdict.message) == ("skipped", "Skipped: no data (on rank 1; the other ranks passed)")
+    xfailed = RankResult(0, "xfailed", message="known")
+    assert classify(_report(results={0: xfailed, 1: skipped})).outcome == "xfailed"

@@ -1,0 +1,78 @@
+"""A multirank test reports each phase where it happened, as a plain test does: a fixture
+that fails inside a rank is an ERROR at setup (or in teardown), a body that fails is FAILED."""
+
+from __future__ import annotations
+
+
+def test_a_fixture_that_fails_inside_a_rank_is_an_error_at_setup(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def dataset(rank):
+            if rank == 1:
+                raise OSError("rank 1 has no data")
+            return [rank]
+
+        @pytest.mark.multirank(world_size=2)
+        def test_uses_it(rank, dataset):
+            dist.barrier()
+
+        def test_next():
+            pass
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(errors=1, passed=1)
+    ran.lines(
+        "*ERROR at setup of test_uses_it*",
+        "multirank test failed on rank 1 of 2",
+        "*rank 1: failed in fixture setup: OSError: rank 1 has no data*",
+    )
+    ran.lines("*rank 1 (first failure): error in fixture setup inside the rank*", "*OSError: rank 1 has no data")
+    ran.lines("ERROR test_inner.py::test_uses_it - rank 1: OSError: rank 1 has no data")
+
+
+def test_a_fixture_whose_teardown_fails_inside_a_rank_is_an_error_in_teardown(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def connection(rank):
+            yield rank
+            if rank == 0:
+                raise RuntimeError("could not close")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_uses_it(rank, connection):
+            dist.barrier()
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines(
+        "*ERROR at teardown of test_uses_it*", "*rank 0: failed in fixture teardown: RuntimeError: could not close*"
+    )
+
+
+def test_a_body_that_fails_is_still_failed_and_fixtures_that_work_stay_quiet(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture
+        def value(rank):
+            yield rank * 10
+
+        @pytest.mark.multirank(world_size=2)
+        def test_body(rank, value):
+            assert value == 0
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("*rank 1: failed: assert 10 == 0*")
+    ran.no_lines("*fixture setup*")

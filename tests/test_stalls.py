@@ -24,7 +24,8 @@ def test_timeline_called_on_one_rank_only_is_named_at_once(inner) -> None:
     ran.result.assert_outcomes(failed=1)
     assert ran.seconds < 20
     ran.lines(
-        f"hang: the ranks were stopped after * s, not at the {LIMIT} s limit: they wait for ranks that finished the test",
+        f"hang: the ranks were stopped after * s, not at the {LIMIT} s limit:"
+        " they wait for ranks that finished the test",
         "  rank 1 finished the test without calling timeline(); rank 0 waits in it",
     )
 

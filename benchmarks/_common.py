@@ -197,7 +197,7 @@ class Suite:
         self,
         *args: str,
         plugin: bool = True,
-        duration_report: str = "call",
+        duration_report: str = "total",
         env: dict[str, str] | None = None,
         timeout: float = 1800.0,
     ) -> Session:
@@ -232,7 +232,7 @@ class Suite:
         *args: str,
         expect: int,
         plugin: bool = True,
-        duration_report: str = "call",
+        duration_report: str = "total",
         env: dict[str, str] | None = None,
     ) -> Session:
         """Run and insist that exactly ``expect`` tests passed and none failed (0: no tests)."""
@@ -346,4 +346,3 @@ def repeats_of(args: argparse.Namespace) -> int:
     if args.repeats is not None:
         return max(1, int(args.repeats))
     return 1 if args.quick else int(args.default_repeats)
-

@@ -67,8 +67,8 @@ class RankProgress:
                     state.in_exchange = state.exchanges
                 else:
                     state.in_exchange = 0
-            elif kind in (events.COLLECTIVE, events.P2P) and info and info.get("effective", True):
-                self._call(state, call_id, kind, phase, info)
+            elif kind in (events.COLLECTIVE, events.P2P):
+                self._call(state, call_id, kind, phase, info or {})
             elif kind == events.WAIT:
                 if phase == events.START:
                     waited = state.issued.pop(int((info or {}).get("of", 0)), None)
@@ -81,6 +81,8 @@ class RankProgress:
     def _call(state: _Rank, call_id: int, kind: str, phase: str, info: dict[str, Any]) -> None:
         sync = info.get("sync")
         if phase == events.START:
+            if not info.get("effective", True):
+                return
             if kind == events.COLLECTIVE and info.get("seq"):
                 state.entered.add(collective_key(info))
             elif sync == collectives.SEND:

@@ -27,13 +27,6 @@ class MultirankSpec:
     init_process_group: bool = True
     many: bool = False  # world_size was given as a list: one test item per size
 
-    def signature(self) -> str:
-        return (
-            "multirank("
-            + ", ".join(f"{k}={getattr(self, k)!r}" for k in ("backend", "nodes", "timeout", "init_process_group"))
-            + ")"
-        )
-
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from . import collectives, events
@@ -72,28 +72,31 @@ def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
     return f"{tag}= {op} #{e.info.get('seq')}{where}{wait}{stuck}"
 
 
-def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int = 30) -> str:
-    """One text lane per rank; a collective every member completed sits on one row."""
+class _Grid:
+    """Rows of cells, one column per rank; a row where a collective completed is a sync row."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[int, str]] = []
+        self.sync_rows: set[int] = set()
+
+    def put(self, row: int, rank: int, text: str) -> None:
+        while len(self.rows) <= row:
+            self.rows.append({})
+        self.rows[row][rank] = text
+
+
+def _layout(timeline: Timeline) -> _Grid:
+    """Walk the ranks' events side by side; a collective every member reached takes one row,
+    below whatever each member drew before it."""
     ranks = timeline.ranks
-    if not ranks:
-        return "(no events recorded)"
     lanes = {r: timeline.for_rank(r) for r in ranks}
     ended = {(e.rank, e.call_id) for r in ranks for e in lanes[r] if e.phase == events.END}
-    aligned: dict[tuple[int, int], Instance] = {}
-    for inst in timeline.instances.values():
-        if _aligned(inst):
-            for r, e in inst.starts.items():
-                aligned[(r, e.index)] = inst
-    rows: list[dict[int, str]] = []
-    sync_rows: set[int] = set()
-
-    def put(row: int, rank: int, text: str) -> None:
-        while len(rows) <= row:
-            rows.append({})
-        rows[row][rank] = text
-
-    ptr = {r: 0 for r in ranks}
-    next_row = {r: 0 for r in ranks}
+    aligned = {
+        (r, e.index): inst for inst in timeline.instances.values() if _aligned(inst) for r, e in inst.starts.items()
+    }
+    grid = _Grid()
+    ptr = dict.fromkeys(ranks, 0)
+    next_row = dict.fromkeys(ranks, 0)
     reached: dict[tuple[Any, ...], set[int]] = {}
     skip: set[tuple[Any, ...]] = set()
     remaining = sum(len(v) for v in lanes.values())
@@ -108,44 +111,47 @@ def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int = 30) 
                     got = reached.setdefault(inst.key, set())
                     got.add(r)
                     if len(got) < len(inst.members):
-                        break
+                        break  # this lane waits for the other members to reach it
                     row = max(next_row[m] for m in inst.members)
                     for m in inst.members:
-                        text = _cell(inst.starts[m], ended) or ""
-                        put(row, m, text)
+                        grid.put(row, m, _cell(inst.starts[m], ended) or "")
                         next_row[m] = row + 1
                         ptr[m] += 1
                         remaining -= 1
-                    sync_rows.add(row)
-                    progressed = True
-                    continue
-                text = _cell(e, ended)
-                if text is not None:
-                    put(next_row[r], r, text)
-                    next_row[r] += 1
-                ptr[r] += 1
-                remaining -= 1
+                    grid.sync_rows.add(row)
+                else:
+                    text = _cell(e, ended)
+                    if text is not None:
+                        grid.put(next_row[r], r, text)
+                        next_row[r] += 1
+                    ptr[r] += 1
+                    remaining -= 1
                 progressed = True
-        if remaining and not progressed:
-            for r in ranks:
-                if ptr[r] < len(lanes[r]):
-                    inst = aligned.get((r, lanes[r][ptr[r]].index))
-                    if inst is not None:
-                        skip.add(inst.key)
-                        break
+        if remaining and not progressed:  # members reached collectives in different orders
+            stuck = next(
+                (
+                    aligned[(r, lanes[r][ptr[r]].index)]
+                    for r in ranks
+                    if ptr[r] < len(lanes[r]) and (r, lanes[r][ptr[r]].index) in aligned
+                ),
+                None,
+            )
+            if stuck is not None:
+                skip.add(stuck.key)
+    return grid
+
+
+def _draw(grid: _Grid, ranks: list[int], max_rows: int | None, width: int) -> str:
     header = " | ".join(f"rank {r}".ljust(width) for r in ranks).rstrip()
     lines = [header, "-+-".join("-" * width for _ in ranks)]
     body = []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(grid.rows):
         cells = []
         for r in ranks:
             text = row.get(r, "")
             if len(text) > width - 1:
                 text = text[: width - 2] + "~"
-            if i in sync_rows and text:
-                cells.append((text + " ").ljust(width, "="))
-            else:
-                cells.append(text.ljust(width))
+            cells.append((text + " ").ljust(width, "=") if i in grid.sync_rows and text else text.ljust(width))
         body.append(" | ".join(cells).rstrip())
     if max_rows is not None and len(body) > max_rows:
         head = max_rows // 2
@@ -154,56 +160,43 @@ def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int = 30) 
     return "\n".join(lines + body)
 
 
-def chrome_trace(timeline: Timeline) -> dict[str, Any]:
-    """Chrome trace event JSON: a track per rank and thread, collectives as flow arrows."""
+def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int = 30) -> str:
+    """One text lane per rank; a collective every member completed sits on one row."""
+    if not timeline.ranks:
+        return "(no events recorded)"
+    return _draw(_layout(timeline), timeline.ranks, max_rows, width)
+
+
+def _track_names(timeline: Timeline) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    all_events = timeline.events
-    if not all_events:
-        return {"traceEvents": [], "displayTimeUnit": "ms"}
-    t0 = min(e.t_ns for e in all_events)
-    t_last = max(e.t_ns for e in all_events)
-
-    def us(t_ns: int) -> float:
-        return (t_ns - t0) / 1000.0
-
     for r in timeline.ranks:
         out.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
     for (r, lane), name in timeline.lanes.items():
         out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": lane, "args": {"name": name}})
+    return out
+
+
+def _span_events(timeline: Timeline, us: Callable[[int], float], t_last: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for s in timeline.spans():
-        args = {k: v for k, v in s.start.info.items()}
+        args = dict(s.start.info)
+        where = {"name": s.name, "cat": s.kind, "pid": s.rank, "tid": s.start.lane, "ts": us(s.start.t_ns)}
         if s.kind == events.MARK:
-            out.append(
-                {
-                    "ph": "i",
-                    "s": "t",
-                    "name": s.name,
-                    "cat": s.kind,
-                    "pid": s.rank,
-                    "tid": s.start.lane,
-                    "ts": us(s.start.t_ns),
-                    "args": args,
-                }
-            )
+            out.append({"ph": "i", "s": "t", **where, "args": args})
             continue
         end_ns = s.end.t_ns if s.end is not None else t_last
         if s.end is not None:
             args.update({f"end.{k}": v for k, v in s.end.info.items()})
         else:
             args["never_ended"] = True
-        out.append(
-            {
-                "ph": "X",
-                "name": s.name,
-                "cat": s.kind,
-                "pid": s.rank,
-                "tid": s.start.lane,
-                "ts": us(s.start.t_ns),
-                "dur": max(us(end_ns) - us(s.start.t_ns), 0.001),
-                "args": args,
-            }
-        )
+        out.append({"ph": "X", **where, "dur": max(us(end_ns) - us(s.start.t_ns), 0.001), "args": args})
+    return out
+
+
+def _flow_events(timeline: Timeline, us: Callable[[int], float]) -> list[dict[str, Any]]:
+    """A collective as arrows from the entries it waited for to the completions it allowed."""
+    out: list[dict[str, Any]] = []
     flow_id = 0
     for inst in timeline.instances.values():
         for end, starts in inst.edges():
@@ -239,7 +232,22 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
                         "ts": end_ts,
                     }
                 )
-    return {"traceEvents": out, "displayTimeUnit": "ms"}
+    return out
+
+
+def chrome_trace(timeline: Timeline) -> dict[str, Any]:
+    """Chrome trace event JSON: a track per rank and thread, collectives as flow arrows."""
+    all_events = timeline.events
+    if not all_events:
+        return {"traceEvents": [], "displayTimeUnit": "ms"}
+    t0 = min(e.t_ns for e in all_events)
+    t_last = max(e.t_ns for e in all_events)
+
+    def us(t_ns: int) -> float:
+        return (t_ns - t0) / 1000.0
+
+    trace = _track_names(timeline) + _span_events(timeline, us, t_last) + _flow_events(timeline, us)
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}
 
 
 def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> str:

@@ -1,0 +1,82 @@
+"""What the watchdog follows of live ranks, from their event records alone (no ranks)."""
+
+from __future__ import annotations
+
+from synth import Sim
+
+from pytest_ddphooks.progress import RankProgress
+from pytest_ddphooks.recorder import events
+
+
+def _fed(sim: Sim) -> RankProgress:
+    progress = RankProgress()
+    for rank, records in sim.raw.items():
+        progress.feed(rank, records)
+    return progress
+
+
+def test_a_finished_collective_is_left_whatever_its_end_event_carries() -> None:
+    sim = Sim(2)
+    for _ in range(1000):
+        sim.coll("all_reduce")  # the end events of synchronous calls carry no info
+    progress = _fed(sim)
+    assert all(not progress._of(r).inside for r in (0, 1))
+    assert progress.desync() is None
+
+
+def test_ranks_inside_different_calls_at_one_place_are_a_desync() -> None:
+    sim = Sim(2)
+    sim.coll("barrier")
+    sim.cstart(0, "all_reduce")
+    sim.cstart(1, "broadcast", root=0)
+    found = _fed(sim).desync()
+    assert found is not None
+    group, seq, calls, _ = found
+    assert (group, seq) == ("default", 2)
+    assert calls == ((0, "all_reduce(float32[4])"), (1, "broadcast(float32[4], src=0)"))
+
+
+def test_a_slow_peer_in_the_same_collective_is_no_desync() -> None:
+    sim = Sim(2)
+    sim.cstart(0, "all_reduce")
+    sim.cstart(1, "all_reduce", payload="float32[2,2]")  # another view of as many elements
+    assert _fed(sim).desync() is None
+
+
+def test_waiting_for_a_finished_rank_that_never_entered_is_a_stall() -> None:
+    sim = Sim(2)
+    sim.coll("barrier")
+    sim.cstart(0, "barrier")
+    sim.raw[1].append((0, sim.t, 0, events.COUNTERS, events.POINT, "counters", {"default": 1}))
+    stalled = _fed(sim).stalled({1: "passed"}, {0}, 2)
+    assert stalled == {0: ("barrier #2 on the default group", [1])}
+
+
+def test_a_finished_rank_whose_counter_went_further_may_have_entered_it_unseen() -> None:
+    sim = Sim(2)
+    sim.cstart(0, "barrier")
+    # rank 1 issued collective #1 through an API the recorder cannot see
+    sim.raw[1].append((0, sim.t, 0, events.COUNTERS, events.POINT, "counters", {"default": 1}))
+    assert _fed(sim).stalled({1: "passed"}, {0}, 2) == {}
+
+
+def test_without_the_counters_of_a_finished_rank_there_is_no_stall_on_a_guess() -> None:
+    sim = Sim(2)
+    sim.cstart(0, "barrier")
+    assert _fed(sim).stalled({1: "passed"}, {0}, 2) == {}
+
+
+def test_a_receive_from_a_finished_rank_that_sent_nothing_more_is_a_stall() -> None:
+    sim = Sim(2)
+    sim.cend(sim.send_start(1, 0))
+    sim.recv_end(sim.recv_start(0, 1))
+    sim.recv_start(0, 1)  # a second message that never comes
+    sim.raw[1].append((0, sim.t, 0, events.COUNTERS, events.POINT, "counters", {"default": 0}))
+    assert _fed(sim).stalled({1: "passed"}, {0}, 2) == {0: ("recv from rank 1", [1])}
+
+
+def test_timeline_on_one_rank_only_is_a_stall() -> None:
+    sim = Sim(2)
+    sim.raw[0].append((0, sim.t, 0, events.EXCHANGE, events.START, "timeline", {"n": 1}))
+    sim.raw[1].append((0, sim.t, 0, events.COUNTERS, events.POINT, "counters", {}))
+    assert _fed(sim).stalled({1: "passed"}, {0}, 2) == {0: ("timeline()", [1])}

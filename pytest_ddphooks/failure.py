@@ -41,6 +41,7 @@ class Blocked:
     peer: int | None = None  # the other end of a send or receive
     no_group: bool = False  # called before any process group existed
     missing: tuple[int, ...] = ()  # members that never entered it
+    native: str = ""  # issued from native code (its operator), which waits for it unseen
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,19 @@ def _open_collective(spans: list[Span]) -> Span | None:
     return None
 
 
+def _native_wait(timeline: Timeline, rank: int) -> Span | None:
+    """The collective native code issued last on the main thread, when nothing was recorded
+    there after it: native code is most likely waiting for it."""
+    main = [e for e in timeline.for_rank(rank) if e.lane == 0]
+    if not main or main[-1].kind != events.COLLECTIVE or main[-1].phase != events.END:
+        return None
+    last = main[-1]
+    start = next((e for e in reversed(main) if e.call_id == last.call_id and e.phase == events.START), None)
+    if start is None or not start.info.get("native"):
+        return None
+    return Span(rank, start.name, start.kind, start, last)
+
+
 def _hooks(spans: list[Span]) -> str:
     names = [s.start.info.get("qualname") or s.name for s in spans if s.kind in (events.CALL, events.BARRIER)]
     return " > ".join(str(n) for n in names)
@@ -148,7 +162,8 @@ def _blocked(span: Span, timeline: Timeline, now_ns: int) -> Blocked:
     if inst is not None:
         missing = tuple(m for m in inst.members if m not in inst.starts)
     seq = info.get("seq")
-    return Blocked(op, None if seq is None else int(seq), label, waited, in_wait, missing=missing)
+    native = str(info.get("native") or "")
+    return Blocked(op, None if seq is None else int(seq), label, waited, in_wait, missing=missing, native=native)
 
 
 def rank_state(report: RunReport, rank: int) -> RankState:
@@ -163,6 +178,8 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     timeline = report.timeline
     spans = timeline.open_spans(rank) if timeline is not None else []
     span = _open_collective(spans)
+    if span is None and timeline is not None:
+        span = _native_wait(timeline, rank)
     blocked = _blocked(span, timeline, report.stopped_at_ns) if span is not None and timeline is not None else None
     stacks = report.stacks.get(rank)
     stack = stacks.main(report.thread_idents.get((rank, 0))) if stacks is not None else None
@@ -325,6 +342,8 @@ def describe_blocked(b: Blocked) -> str:
         return f"blocked in {what} (peer {b.peer}) for {waited}"
     if b.no_group:
         return f"blocked in {b.op} without a process group for {waited}"
+    if b.native:
+        return f"waiting in {b.op} #{b.seq} on {b.group}, issued from native code ({b.native}), for {waited}"
     return f"blocked in {what} #{b.seq} on {b.group} for {waited}"
 
 

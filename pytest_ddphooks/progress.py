@@ -27,6 +27,8 @@ class _Rank:
     sent: dict[tuple[Any, ...], int] = field(default_factory=dict)  # (group, dst, tag) -> sends
     received: dict[tuple[Any, ...], int] = field(default_factory=dict)  # (group, src, tag) -> receives done
     final: dict[str, int] | None = None  # once finished: group -> its last collective, seen or not
+    native: dict[int, int] = field(default_factory=dict)  # lane -> a native call issued, nothing after it
+    last_t: dict[int, int] = field(default_factory=dict)  # lane -> the latest time recorded on it
     exchanges: int = 0  # timeline() calls started
     in_exchange: int = 0  # the timeline() call it is inside, 0 when none
     count: int = 0  # events recorded
@@ -55,10 +57,20 @@ class RankProgress:
 
     def feed(self, rank: int, records: list[events.RawEvent]) -> None:
         state = self._of(rank)
-        for call_id, _, _, kind, phase, _, info in records:
+        for call_id, t_ns, lane, kind, phase, _, info in records:
             if kind == events.META:
                 continue
             state.count += 1
+            if info and info.get("native") and phase == events.START:
+                key = collective_key(info)
+                state.entered.add(key)
+                if t_ns < state.last_t.get(lane, 0):
+                    continue  # found after the fact: the lane went on since it was issued
+            state.last_t[lane] = max(t_ns, state.last_t.get(lane, 0))
+            waiting = state.native.get(lane)
+            if waiting is not None and waiting != call_id:
+                # the lane went on: native code waited for its call, or will later
+                state.inside.pop(state.native.pop(lane), None)
             if kind == events.COUNTERS:
                 state.final = {str(k): int(v) for k, v in (info or {}).items()}
             elif kind == events.EXCHANGE:
@@ -69,6 +81,8 @@ class RankProgress:
                     state.in_exchange = 0
             elif kind in (events.COLLECTIVE, events.P2P):
                 self._call(state, call_id, kind, phase, info or {})
+                if phase == events.END and state.inside.get(call_id, {}).get("native"):
+                    state.native[lane] = call_id
             elif kind == events.WAIT:
                 if phase == events.START:
                     waited = state.issued.pop(int((info or {}).get("of", 0)), None)
@@ -91,13 +105,20 @@ class RankProgress:
             if kind == events.COLLECTIVE and not info.get("seq"):
                 return
             state.inside[call_id] = info
-            if info.get("async"):
+            if info.get("async") and not info.get("native"):
                 state.issued[call_id] = info  # where it completes is its wait
             return
-        started = state.inside.pop(call_id, None)
+        started = state.inside.get(call_id)
+        if started is not None and started.get("native") and "error" not in info:
+            return  # issued: native code waits for it where no event tells
+        state.inside.pop(call_id, None)
         if started is not None and started.get("sync") == collectives.RECV and "error" not in info:
             key = (started.get("group"), info.get("src", started.get("src")), started.get("tag", 0))
             state.received[key] = state.received.get(key, 0) + 1
+
+    def counts(self) -> dict[int, int]:
+        """How many events each rank has recorded so far."""
+        return {rank: state.count for rank, state in self._ranks.items()}
 
     def desync(self) -> tuple[object, ...] | None:
         """The first collective that ranks are inside with calls that cannot match, with how
@@ -110,7 +131,8 @@ class RankProgress:
         for key in sorted(at, key=lambda k: (int(k[2]), str(k[1]))):
             ranks = at[key]
             ops = {r: str(info.get("op")) for r, info in ranks.items()}
-            if len(ranks) < 2 or len({collectives.comparable(ops[r], info) for r, info in ranks.items()}) < 2:
+            loose = any(info.get("native") for info in ranks.values())
+            if len(ranks) < 2 or len({collectives.comparable(ops[r], info, loose) for r, info in ranks.items()}) < 2:
                 continue
             calls = tuple(sorted((r, collectives.signature(ops[r], info)) for r, info in ranks.items()))
             return (key[1], key[2], calls, tuple(self._of(r).count for r in sorted(ranks)))

@@ -162,6 +162,33 @@ def test_a_special_interpreter_that_dies_after_its_test_is_an_error(pytester) ->
     )
 
 
+def test_a_failed_special_test_whose_interpreter_then_dies_is_one_failure(pytester) -> None:
+    """As Lightning's launcher does when a rank failed: it kills its own processes, the test's
+    interpreter among them, right after the test. One failure, which says it."""
+    pytester.makepyfile(
+        test_killed="""
+        import atexit
+        import os
+        import signal
+        import pytest
+
+        @pytest.mark.special
+        def test_fails_then_is_killed():
+            atexit.register(lambda: os.kill(os.getpid(), signal.SIGKILL))
+            raise RuntimeError("rank 1 blew up")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*RuntimeError: rank 1 blew up",
+            "*- the special test's interpreter after the test -*",
+            "the special test's interpreter died after the test: killed by SIGKILL",
+        ]
+    )
+
+
 def test_a_special_interpreter_that_lingers_after_its_test_is_stopped(pytester) -> None:
     pytester.makepyfile(
         test_linger="""

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -149,6 +150,24 @@ def _kill_children() -> list[tuple[int, str]]:
     return found
 
 
+def _answer_asks(path: str, recorder: Recorder) -> None:
+    """When the watchdog sees this rank make no progress, it asks (a byte on a pipe) what
+    native code issued meanwhile: a thread that waits for that adds it to the events."""
+    os.mkfifo(path, 0o600)
+
+    def serve() -> None:
+        while True:
+            try:
+                with open(path, "rb") as asked:
+                    asked.read()
+            except OSError:
+                return
+            with contextlib.suppress(Exception):
+                recorder.read_native()
+
+    threading.Thread(target=serve, name="ddphooks-native", daemon=True).start()
+
+
 def group_timeout(job: Job) -> float:
     # longer than the test's limit, so the watchdog diagnoses a hang before gloo gives up
     return job.group_timeout or job.timeout + 60.0
@@ -173,11 +192,13 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
         store = dist.PrefixStore("ddphooks/", raw_store)
         recorder._exchange = _exchanger(store, rank, job.world_size)
         recorder.activate()
+        _answer_asks(job.path(rank, "ask"), recorder)
         if job.init_process_group:
             _init_group(job, rank, raw_store, limit)
         local = job.local_world_size
         ctx = RankContext(job, rank, job.world_size, rank % local, local, rank // local, recorder, store, notes)
         result = body(ctx)
+        recorder.read_native()
         recorder.write_final_counters()
     except BaseException as exc:
         result = RankResult(

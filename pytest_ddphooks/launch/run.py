@@ -16,6 +16,8 @@ The run is followed in two steps, so that pytest reports each phase where it hap
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 from ..files import read_text
@@ -30,6 +32,9 @@ from .launcher import Launcher
 
 # how often a waiting run looks at what the ranks recorded; a desync must be seen twice
 POLL_SECONDS = 0.5
+# a stall is certain once seen; looking again a moment later lets the ranks still on their way
+# reach where they will wait, so that the report shows each rank where it stays
+STALL_SETTLE_SECONDS = 0.1
 
 
 class RunWatch:
@@ -46,6 +51,8 @@ class RunWatch:
         self._progress = RankProgress()
         self._offsets = dict.fromkeys(range(job.world_size), 0)
         self._seen_desync: tuple[object, ...] | None = None
+        self._stalled_since: float | None = None
+        self._counts: dict[int, int] = {}
         self._started = self._deadline = self._next_poll = 0.0
         self._failed_at: float | None = None
 
@@ -127,13 +134,22 @@ class RunWatch:
             records, self._offsets[r] = read_new(self.job.path(r, "events"), self._offsets[r])
             self._progress.feed(r, records)
         live = {r for r in range(self.job.world_size) if r not in self.finished and r not in self.report.exits}
+        counts = self._progress.counts()
+        self._ask_native([r for r in live if counts.get(r, 0) == self._counts.get(r, -1)])
+        self._counts = counts
         left = {r: outcome for r, outcome in self.finished.items() if outcome != "failed"}
         stalled = self._progress.stalled(left, live, self.job.world_size) if left else {}
-        if stalled:
+        now = time.monotonic()
+        if stalled and self._stalled_since is not None and now - self._stalled_since >= STALL_SETTLE_SECONDS:
             waited_for = sorted({r for _, absent in stalled.values() for r in absent})
             self.report.stall = Stall({r: what for r, (what, _) in stalled.items()}, {r: left[r] for r in waited_for})
             self._stop("stopped: it waited for ranks that had finished the test")
             return
+        if stalled:
+            self._stalled_since = self._stalled_since or now
+            self._next_poll = min(self._next_poll, self._stalled_since + STALL_SETTLE_SECONDS)
+        else:
+            self._stalled_since = None
         if stall_only:
             return
         desync = self._progress.desync()
@@ -142,6 +158,18 @@ class RunWatch:
             self._stop("stopped: blocked in collectives that can never match")
             return
         self._seen_desync = desync
+
+    def _ask_native(self, ranks: list[int]) -> None:
+        """Ranks that recorded nothing since the last look may wait in a collective native
+        code issued: ask them to add those from torch's flight recorder (seen next look)."""
+        for r in ranks:
+            try:
+                fd = os.open(self.job.path(r, "ask"), os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                continue  # no one listening (yet, or any more)
+            with contextlib.suppress(OSError):
+                os.write(fd, b"?")
+            os.close(fd)
 
     # -- ending it -----------------------------------------------------------------------
 

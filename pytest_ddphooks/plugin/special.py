@@ -163,7 +163,12 @@ class SpecialHooks:
         if problem is not None:
             when, text = problem
             sections = self._sections(run, folder)
-            if when == "teardown":
+            failed = next((r for r in reports if r.failed), None)
+            if when == "teardown" and failed is not None:
+                # a test that failed already (a framework then kills its own processes, as
+                # Lightning does when a rank failed): its interpreter's end belongs to that story
+                failed.sections.append(("the special test's interpreter after the test", text))
+            elif when == "teardown":
                 # the test's own reports stand; its interpreter's end is the teardown's error
                 reports = [r for r in reports if r.when != "teardown"]
                 reports.append(_report(item, "teardown", "failed", text, sections, 0.0))

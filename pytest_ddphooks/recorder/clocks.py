@@ -48,7 +48,8 @@ class Instance:
 
     @property
     def consistent(self) -> bool:
-        seen = {collectives.comparable(op_of(e), e.info) for e in self.starts.values()}
+        loose = self.native
+        seen = {collectives.comparable(op_of(e), e.info, loose) for e in self.starts.values()}
         return len(seen) <= 1
 
     @property
@@ -56,11 +57,17 @@ class Instance:
         """Some member's call (or wait) raised: the collective as a whole establishes nothing."""
         return any("error" in e.info for e in (*self.ends.values(), *self.waits.values()))
 
+    @property
+    def native(self) -> bool:
+        """Some member issued it from native code, which waits for it out of sight."""
+        return any(e.info.get("native") for e in self.starts.values())
+
     def completion(self, rank: int) -> Event | None:
         """Where the call completed on ``rank``: its end, or for an asynchronous call the end
-        of its wait; None when it did not (yet), or raised."""
+        of its wait; None when it did not (yet), raised, or was issued from native code."""
         end = self.ends.get(rank)
-        if end is None or "error" in end.info:
+        start = self.starts.get(rank)
+        if end is None or "error" in end.info or (start is not None and start.info.get("native")):
             return None
         if not end.info.get("async"):
             return end
@@ -68,8 +75,14 @@ class Instance:
         return done if done is not None and "error" not in done.info else None
 
     def never_waited(self) -> list[int]:
-        """Members whose asynchronous call returned and was never waited for."""
-        return sorted(r for r, e in self.ends.items() if e.info.get("async") and r not in self.waits)
+        """Members whose asynchronous call (from Python) returned and was never waited for."""
+        return sorted(
+            r
+            for r, e in self.ends.items()
+            if e.info.get("async")
+            and r not in self.waits
+            and not (r in self.starts and self.starts[r].info.get("native"))
+        )
 
     def label(self) -> str:
         if self.key[0] == "p":
@@ -155,7 +168,7 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                     inst = found.get(key)
                     if inst is None:
                         members = e.info.get("ranks") or list(range(int(e.info.get("group_size") or len(world))))
-                        _, sync, _, _ = collectives.OPS[op_of(e)]
+                        _, sync, _, _ = collectives.OPS.get(op_of(e), (None, collectives.NONE, None, None))
                         inst = found[key] = Instance(
                             key, op_of(e), sync, str(e.info["group"]), tuple(members), e.info.get("root")
                         )

@@ -167,12 +167,16 @@ def payload_elements(payload: Any) -> tuple[tuple[str, int], ...] | Any:
     return tuple(items * times)
 
 
-def comparable(op: str, info: Mapping[str, Any]) -> tuple[Any, ...]:
+def comparable(op: str, info: Mapping[str, Any], loose: bool = False) -> tuple[Any, ...]:
     """What must be equal on every member for two calls to be the same collective: what the
-    backend itself checks (op, dtype, element count, root, reduce op), through any API."""
+    backend itself checks (op, dtype, element count, root, reduce op), through any API. With
+    ``loose`` (a member issued it from native code, whose root and reduce op are not known),
+    the op and the payload only."""
     op = CANONICAL.get(op, op)
     payload = info.get("payload")
     payload = payload_dtypes(payload) if op in UNEVEN else payload_elements(payload)
+    if loose:
+        return (op, payload)
     return (op, payload, info.get("root"), info.get("reduce_op"))
 
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from . import active, distpatch, events
 from .instrument import Undo, public_methods, wrap
 from .log import EventLog
+from .native import NativeCalls
 from .timeline import Timeline
 
 T = TypeVar("T")
@@ -42,6 +43,7 @@ class Recorder(EventLog):
         self._exchanges = 0
         self._undo: list[Undo] = []
         self._active = False
+        self._native = NativeCalls()
 
     # -- instrumentation ---------------------------------------------------------------------
 
@@ -105,8 +107,14 @@ class Recorder(EventLog):
         """This rank's events so far."""
         return events.to_events(self.rank, self._raw)[0]
 
+    def read_native(self) -> None:
+        """Add what native code issued since the last look (DDP's reducer, compiled graphs),
+        from torch's flight recorder."""
+        self.add_native(self._native.read(self))
+
     def timeline(self) -> Timeline:
         """The merged Timeline of every rank (a collective in a multirank test)."""
+        self.read_native()
         local = list(self._raw)
         if self._exchange is None:
             return Timeline.from_raw({self.rank: local})

@@ -137,6 +137,13 @@ def _group_ranks(group: Any, key: str) -> list[int]:
     return ranks
 
 
+def global_rank(group: Any, group_rank: int) -> int:
+    """The global rank of a rank of ``group`` (None: the default group)."""
+    found = _global(group, None, group_rank)
+    assert found is not None
+    return found
+
+
 def _global(group: Any, root: Any, group_root: Any) -> int | None:
     if root is not None:
         return int(root)
@@ -156,7 +163,7 @@ def _reduce_op_name(reduce_op: Any) -> str:
     return str(name) if name is not None else str(reduce_op)
 
 
-class _Call:
+class Call:
     """One recorded collective or send/recv: its start event's info and its group."""
 
     __slots__ = ("counter", "info", "p2p", "pg")
@@ -165,7 +172,7 @@ class _Call:
         self.info, self.pg, self.counter, self.p2p = info, pg, counter, p2p
 
 
-def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: bool) -> tuple[_Call, str] | _Call:
+def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: bool) -> tuple[Call, str] | Call:
     """The part of a call's description every API shares; a bare call when it reaches no group."""
     dist = _dist()
     world = dist.GroupMember.WORLD  # the default group; None before it exists
@@ -177,7 +184,7 @@ def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: boo
         info["effective"] = False
         if existed:
             info["member"] = False
-        return _Call(info), None
+        return Call(info), None
     pg = world if group is None else group
     if pg is world:
         key = rec.group_key("default")
@@ -189,10 +196,10 @@ def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: boo
         info["ranks"] = _group_ranks(group, key)
     if async_op:
         info["async"] = True
-    return _Call(info, pg, _counter(pg)), key
+    return Call(info, pg, _counter(pg)), key
 
 
-def _collective(
+def describe_collective(
     rec: EventLog,
     op: str,
     group: Any,
@@ -202,7 +209,7 @@ def _collective(
     payload: str | None = None,
     root: int | None = None,
     reduce_op: Any = None,
-) -> _Call:
+) -> Call:
     call, key = _on_group(rec, op, group, api, async_op)
     if key is None:
         return call
@@ -235,7 +242,7 @@ def _point_to_point(
     *,
     api: str | None = None,
     async_op: bool = False,
-) -> _Call:
+) -> Call:
     call, key = _on_group(rec, op, group, api, async_op)
     if key is None:
         return call
@@ -251,7 +258,7 @@ def _point_to_point(
     return call
 
 
-def _received(rec: EventLog, call: _Call, src: Any) -> dict[str, Any]:
+def _received(rec: EventLog, call: Call, src: Any) -> dict[str, Any]:
     """The pairing of a receive, known once it returned (who sent, for ``src=None``)."""
     info = call.info
     if info.get("sync") != collectives.RECV or "group" not in info or src is None:
@@ -260,11 +267,11 @@ def _received(rec: EventLog, call: _Call, src: Any) -> dict[str, Any]:
     return {"src": src, "seq": rec.next_p2p((info["group"], src, info["dst"], info["tag"]))}
 
 
-def _run(
+def run_recorded(
     rec: EventLog,
     kind: str,
     name: str,
-    call: _Call,
+    call: Call,
     run: Callable[[], Any],
     after: Callable[[Any], dict[str, Any] | None] | None = None,
 ) -> Any:
@@ -305,19 +312,19 @@ def _awaitable(result: Any) -> Any:
     return getattr(result, "elem", result)
 
 
-def _recording() -> EventLog | None:
+def recording() -> EventLog | None:
     rec = active._current
     if rec is None or getattr(_tls, "depth", 0):
         return None
     return rec
 
 
-def _safely(describe: Callable[[], _Call], op: str) -> _Call:
+def describe_safely(describe: Callable[[], Call], op: str) -> Call:
     # a call the recorder cannot describe is recorded bare, never failed
     try:
         return describe()
     except Exception as exc:
-        return _Call({"op": op, "recorder_error": error_text(exc)})
+        return Call({"op": op, "recorder_error": error_text(exc)})
 
 
 # -- the functions of distributed_c10d -------------------------------------------------------
@@ -336,7 +343,7 @@ def _patch_functions(c10d: types.ModuleType) -> None:
     _patch_methods(sys.modules["torch._C._distributed_c10d"])
 
 
-def _describe_group_op(rec: EventLog, op: str, bound: dict[str, Any]) -> _Call:
+def _describe_group_op(rec: EventLog, op: str, bound: dict[str, Any]) -> Call:
     """init_process_group, new_group, destroy_process_group: no synchronisation claimed."""
     info: dict[str, Any] = {"op": op, "group_existed": bool(_dist().is_initialized())}
     if op == "init_process_group":
@@ -347,7 +354,7 @@ def _describe_group_op(rec: EventLog, op: str, bound: dict[str, Any]) -> _Call:
         info["ranks"] = None if ranks is None else [int(r) for r in ranks]
     else:
         info["group"] = rec.group_key(_group_name(bound.get("group")))
-    return _Call(info)
+    return Call(info)
 
 
 def _function_payload(op: str, bound: dict[str, Any]) -> str | None:
@@ -361,7 +368,7 @@ def _function_payload(op: str, bound: dict[str, Any]) -> str | None:
     return describe_tensor(bound.get(payload_arg)) if payload_arg is not None else None
 
 
-def _describe_function_call(rec: EventLog, op: str, bound: dict[str, Any]) -> _Call:
+def _describe_function_call(rec: EventLog, op: str, bound: dict[str, Any]) -> Call:
     """A call of a distributed_c10d function, from its bound arguments."""
     kind, sync, root_arg, group_root_arg = OPS[op]
     if kind == events.GROUP:
@@ -379,10 +386,10 @@ def _describe_function_call(rec: EventLog, op: str, bound: dict[str, Any]) -> _C
             given = 0  # what torch does then
         root = _global(group, given, group_given)
     payload = _function_payload(op, bound)
-    return _collective(rec, op, group, async_op=async_op, payload=payload, root=root, reduce_op=bound.get("op"))
+    return describe_collective(rec, op, group, async_op=async_op, payload=payload, root=root, reduce_op=bound.get("op"))
 
 
-def _after_function_call(rec: EventLog, op: str, call: _Call, result: Any) -> dict[str, Any] | None:
+def _after_function_call(rec: EventLog, op: str, call: Call, result: Any) -> dict[str, Any] | None:
     """What a function's return tells: the group it created, who sent what was received."""
     dist = _dist()
     if op == "init_process_group":
@@ -417,15 +424,15 @@ def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = _recording()
+        rec = recording()
         if rec is None:
             return original(*args, **kwargs)
         bound = dict(defaults)
         bound.update(zip(params, args, strict=False))
         if kwargs:
             bound.update(kwargs)
-        call = _safely(lambda: _describe_function_call(rec, op, bound), op)
-        return _run(
+        call = describe_safely(lambda: _describe_function_call(rec, op, bound), op)
+        return run_recorded(
             rec,
             kind,
             name,
@@ -441,7 +448,7 @@ def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
 # -- the methods of ProcessGroup, and Work.wait ----------------------------------------------
 
 
-def _one(value: Any) -> Any:
+def one_tensor(value: Any) -> Any:
     """A method's list of one tensor is that tensor, as the functions take it."""
     if isinstance(value, (list, tuple)) and len(value) == 1 and getattr(value[0], "shape", None) is not None:
         return value[0]
@@ -449,7 +456,7 @@ def _one(value: Any) -> Any:
 
 
 def _tensors(value: Any) -> str:
-    return describe_tensor(_one(value))
+    return describe_tensor(one_tensor(value))
 
 
 def _option(value: Any, name: str) -> Any:
@@ -552,18 +559,18 @@ def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[.
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = _recording()
+        rec = recording()
         if rec is None:
             return original(self, *args, **kwargs)
 
-        def build() -> _Call:
+        def build() -> Call:
             payload, root, reduce_op = describe(self, args)
-            return _collective(
+            return describe_collective(
                 rec, op, self, api=api, async_op=not blocking, payload=payload, root=root, reduce_op=reduce_op
             )
 
-        call = _safely(build, op)
-        return _run(rec, events.COLLECTIVE, name, call, lambda: original(self, *args, **kwargs))
+        call = describe_safely(build, op)
+        return run_recorded(rec, events.COLLECTIVE, name, call, lambda: original(self, *args, **kwargs))
 
     functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wrapper, _MARK, original)
@@ -576,16 +583,18 @@ def _wrap_p2p_method(method: str, op: str, sync: str, original: Callable[..., An
 
     def wrapper(self: Any, tensors: Any, peer: int, tag: int = 0, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = _recording()
+        rec = recording()
         if rec is None:
             return original(self, tensors, peer, tag, *args, **kwargs)
 
-        def build() -> _Call:
+        def build() -> Call:
             peer_global = _global(self, None, int(peer))
-            return _point_to_point(rec, op, self, sync, peer_global, int(tag), _one(tensors), api=api, async_op=True)
+            return _point_to_point(
+                rec, op, self, sync, peer_global, int(tag), one_tensor(tensors), api=api, async_op=True
+            )
 
-        call = _safely(build, op)
-        return _run(
+        call = describe_safely(build, op)
+        return run_recorded(
             rec,
             events.P2P,
             name,
@@ -604,14 +613,14 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any]) -> Calla
 
     def wait(awaited: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = _recording()
+        rec = recording()
         pending = rec.waited(key(awaited)) if rec is not None else None
         if rec is None or pending is None:
             return original(awaited, *args, **kwargs)
         _, of, name, issued = pending
         info = {k: issued[k] for k in ("op", "group", "ranks", "seq", "sync", "src", "dst", "tag") if k in issued}
         info["of"] = of
-        return _run(rec, events.WAIT, name + ".wait", _Call(info), lambda: original(awaited, *args, **kwargs))
+        return run_recorded(rec, events.WAIT, name + ".wait", Call(info), lambda: original(awaited, *args, **kwargs))
 
     functools.update_wrapper(wait, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wait, _MARK, original)
@@ -659,11 +668,11 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = _recording()
+        rec = recording()
         if rec is None:
             return original(*args, **kwargs)
 
-        def build() -> _Call:
+        def build() -> Call:
             bound = dict(zip(params, args, strict=False))
             bound.update(kwargs)
             resolve = sys.modules["torch._C._distributed_c10d"]._resolve_process_group
@@ -671,7 +680,7 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
             group = None if pg is _dist().GroupMember.WORLD else pg
             root = bound.get("src")
             payload = bound.get("self", bound.get("inputs"))
-            return _collective(
+            return describe_collective(
                 rec,
                 op,
                 group,
@@ -682,8 +691,8 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
                 reduce_op=bound.get("reduceOp"),
             )
 
-        call = _safely(build, op)
-        return _run(rec, events.COLLECTIVE, name, call, lambda: original(*args, **kwargs))
+        call = describe_safely(build, op)
+        return run_recorded(rec, events.COLLECTIVE, name, call, lambda: original(*args, **kwargs))
 
     functools.update_wrapper(wrapper, original)
     setattr(wrapper, _MARK, original)

@@ -7,6 +7,7 @@ happens to the process, and the orchestrator reads the file afterwards.
 
 from __future__ import annotations
 
+import bisect
 import marshal
 import mmap
 import os
@@ -150,6 +151,27 @@ def _well_formed(record: Any) -> bool:
     )
 
 
+def in_time_order(records: list[RawEvent]) -> list[RawEvent]:
+    """Records in the order they happened: the calls native code issued, which are found after
+    the fact (``native`` in their info) and appended then, go before the first record that was
+    written after they were issued."""
+    ids = {r[0] for r in records if r[3] == COLLECTIVE and r[4] == START and r[6] and r[6].get("native")}
+    if not ids:
+        return records
+    late = sorted((r for r in records if r[0] in ids and r[3] == COLLECTIVE), key=lambda r: (r[1], r[4] != START))
+    others = [r for r in records if not (r[0] in ids and r[3] == COLLECTIVE)]
+    times = [r[1] for r in others]
+    out: list[RawEvent] = []
+    done = 0
+    for record in late:
+        at = max(bisect.bisect_right(times, record[1], lo=done), done)
+        out.extend(others[done:at])
+        out.append(record)
+        done = at
+    out.extend(others[done:])
+    return out
+
+
 def to_events(rank: int, records: Iterator[RawEvent] | list[RawEvent]) -> tuple[list[Event], dict[int, str]]:
     """Turn one rank's raw records into Events; also returns the lane -> thread name table."""
     events, lanes, _ = to_events_and_threads(rank, records)
@@ -163,7 +185,7 @@ def to_events_and_threads(
     events: list[Event] = []
     lanes: dict[int, str] = {}
     idents: dict[int, int] = {}
-    for call_id, t_ns, lane, kind, phase, name, info in records:
+    for call_id, t_ns, lane, kind, phase, name, info in in_time_order(list(records)):
         if kind == META:
             lanes[lane] = name
             if info and "ident" in info:

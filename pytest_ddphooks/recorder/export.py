@@ -68,7 +68,7 @@ def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
         return f"{tag}= {op} (no group){stuck}"
     group = e.info.get("group")
     where = "" if group == "default" else f" [g{group}]"
-    wait = " (async)" if e.info.get("async") else ""
+    wait = " (native)" if e.info.get("native") else " (async)" if e.info.get("async") else ""
     return f"{tag}= {op} #{e.info.get('seq')}{where}{wait}{stuck}"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -20,11 +21,12 @@ class _GroupCounter:
     """What this rank has seen of one group's own sequence counter (every collective and
     send/recv on the group advances it, whichever API issued it)."""
 
-    __slots__ = ("calls", "expected", "offset")
+    __slots__ = ("calls", "expected", "in_flight", "offset")
 
     def __init__(self) -> None:
         self.offset = 0  # how far this rank's own sends and receives advanced it
         self.expected: int | None = None  # its value after the last recorded call
+        self.in_flight: int | None = None  # its value when a recorded call that has not returned began
         self.calls = 0  # recorded calls, for a group whose counter cannot be read
 
 
@@ -50,6 +52,11 @@ class EventLog:
         self._p2p: dict[tuple[Any, ...], int] = {}
         self._counters: dict[str, _GroupCounter] = {}
         self._groups: dict[str, Any] = {}  # group key -> its ProcessGroup, to read its counter at the end
+        self._group_ranks: dict[str, list[int]] = {}  # group key -> its global ranks, of every incarnation
+        self._offset_changes: dict[str, list[tuple[int, int]]] = {}  # group -> (counter after a p2p call, offset)
+        self._gaps: dict[str, list[tuple[int, int]]] = {}  # group -> counter values of calls it did not see
+        self._incarnation_starts: list[int] = []  # when each incarnation after the first began (time_ns)
+        self.born_ns = time.time_ns()  # what native code issued before this log existed is not its own
         self._incarnation = 1  # of the groups: destroy_process_group ends one
         self._pending: dict[int, tuple[Any, int, str, dict[str, Any]]] = {}  # id(work) -> what it completes
         main = threading.main_thread()
@@ -119,6 +126,7 @@ class EventLog:
 
     def groups_destroyed(self) -> None:
         self._incarnation += 1
+        self._incarnation_starts.append(time.time_ns())
         self._counters.clear()
         self._groups.clear()
 
@@ -140,12 +148,20 @@ class EventLog:
         if counter is None:
             return state.calls, 0
         unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
+        if unseen:
+            assert state.expected is not None
+            self._gaps.setdefault(group, []).append((state.expected + 1, counter))
+        state.in_flight = counter
         return counter - state.offset + 1, unseen
 
     def group_created(self, group: str, pg: Any, counter: int | None) -> None:
         """A group came into being with its counter at ``counter`` (0): from here on, any call
         on it the recorder does not see is a gap."""
         self._groups[group] = pg
+        try:
+            self._group_ranks[group] = [int(r) for r in sys.modules["torch.distributed"].get_process_group_ranks(pg)]
+        except Exception:
+            self._group_ranks[group] = []
         if counter is not None:
             self._counter_of(group).expected = counter
 
@@ -173,8 +189,10 @@ class EventLog:
             return
         state = self._counter_of(group)
         state.expected = after
+        state.in_flight = None
         if p2p:
             state.offset += after - before
+            self._offset_changes.setdefault(group, []).append((after, state.offset))
 
     def awaiting(self, work: Any, call_id: int, name: str, info: dict[str, Any]) -> None:
         """An asynchronous call returned ``work``: its wait is where it completes."""
@@ -186,6 +204,59 @@ class EventLog:
     def never_waited(self) -> list[tuple[int, str, dict[str, Any]]]:
         """Asynchronous calls whose work nobody waited for (yet)."""
         return [(call_id, name, info) for _, call_id, name, info in self._pending.values()]
+
+    # -- what native code issued (``native.NativeCalls``) ----------------------------------
+
+    def records(self) -> list[RawEvent]:
+        return self._raw
+
+    def next_call_id(self) -> int:
+        return next(self._ids)
+
+    def lane_of_thread(self, ident: int) -> int:
+        thread = threading._active.get(ident)  # type: ignore[attr-defined]
+        return self._lane_of(ident, thread.name if thread is not None else f"native thread 0x{ident:x}")
+
+    def native_group_key(self, name: str, t_ns: int) -> str | None:
+        """The key of group ``name`` in the incarnation it had at ``t_ns``; None for a group
+        this rank never created while recording (its members are unknown)."""
+        incarnation = 1 + sum(1 for start in self._incarnation_starts if start <= t_ns)
+        key = name if incarnation == 1 else f"{name}/{incarnation}"
+        return key if name == "default" or key in self._group_ranks else None
+
+    def native_group_size(self, group: str) -> int:
+        return len(self._group_ranks.get(group) or []) or self.world_size
+
+    def native_group_ranks(self, group: str) -> list[int]:
+        return list(self._group_ranks.get(group) or [])
+
+    def unseen(self, group: str, op_id: int) -> bool:
+        """Whether the call that left ``group``'s counter at ``op_id`` was one this log did not
+        see: in a gap between two recorded calls, or after the last one."""
+        if any(lo <= op_id <= hi for lo, hi in self._gaps.get(group, ())):
+            return True
+        state = self._counters.get(group)
+        if state is None or state.expected is None or op_id <= state.expected:
+            return False
+        # a recorded call still running owns what its group counted since it began
+        return state.in_flight is None or op_id <= state.in_flight
+
+    def seq_of(self, group: str, op_id: int) -> int | None:
+        """The recorder's number of the collective that left ``group``'s counter at ``op_id``."""
+        changes = self._offset_changes.get(group, [])
+        offset = 0
+        for after, value in changes:
+            if after < op_id:
+                offset = value
+            else:
+                break
+        seq = op_id - offset
+        return seq if seq > 0 else None
+
+    def add_native(self, records: list[RawEvent]) -> None:
+        """Events of collectives native code issued, found after the fact."""
+        for record in records:
+            self._write(record)
 
     def next_p2p(self, key: tuple[Any, ...]) -> int:
         n = self._p2p.get(key, 0) + 1

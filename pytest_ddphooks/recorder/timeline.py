@@ -235,13 +235,22 @@ class Timeline:
         assert x.end is not None
         out = []
         for rank, lo, hi in ((x.rank, x.end.index, None), (y.rank, None, y.start.index)):
+            present = {
+                (e.info.get("group"), e.info.get("seq"))
+                for e in self._by_rank.get(rank, [])
+                if e.phase == events.START and e.info.get("seq")
+            }
             for e in self._by_rank.get(rank, []):
                 if e.phase != events.START or not e.info.get("unseen"):
                     continue
                 if (lo is not None and e.index <= lo) or (hi is not None and e.index >= hi):
                     continue
-                seq, n = int(e.info["seq"]), int(e.info["unseen"])
-                numbers = f"#{seq - n}" if n == 1 else f"#{seq - n} to #{seq - 1}"
+                seq, group = int(e.info["seq"]), e.info.get("group")
+                # what native code issued in the gap was found later: only the rest is unseen
+                missing = [k for k in range(seq - int(e.info["unseen"]), seq) if (group, k) not in present]
+                if not missing:
+                    continue
+                numbers = f"#{missing[0]}" if len(missing) == 1 else f"#{missing[0]} to #{missing[-1]}"
                 label = collectives.group_label(str(e.info.get("group")), e.info.get("ranks"))
                 out.append(
                     f"collective {numbers} on {label} (rank {rank}, before event #{e.index}) was issued through"
@@ -267,6 +276,13 @@ class Timeline:
         raised = sorted(r for r, e in inst.ends.items() if "error" in e.info)
         if raised:
             return f"{label}, which raised on rank {','.join(str(r) for r in raised)}"
+        native = sorted(r for r, e in inst.starts.items() if e.info.get("native"))
+        if native:
+            api = inst.starts[native[0]].info.get("native")
+            return (
+                f"{label}, which rank {','.join(str(r) for r in native)} issued from native code ({api}):"
+                " its completion cannot be seen, so it orders nothing"
+            )
         if start.index < x.end.index:
             return f"{label}, which rank {x.rank} entered at event #{start.index}, before {x.name} ended"
         y_end = inst.ends.get(y.rank)
@@ -371,7 +387,7 @@ class Timeline:
             and inst.starts[barrier.rank].lane == barrier.start.lane
             and barrier.start.index < inst.starts[barrier.rank].index < barrier.end.index
         ]
-        return bool(inside) and all(inst.completion(barrier.rank) is None for inst in inside)
+        return bool(inside) and all(inst.completion(barrier.rank) is None and not inst.native for inst in inside)
 
     def never_waited(self) -> list[str]:
         """Asynchronous collectives and sends/receives whose completion no rank waited for."""

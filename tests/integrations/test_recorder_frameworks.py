@@ -207,7 +207,7 @@ def test_functional_collective_orders_from_its_wait(rank, recorder):
 
 
 @pytest.mark.multirank(world_size=2)
-def test_ddp_reducer_collectives_are_a_gap_that_orders_nothing(rank, recorder):
+def test_ddp_reducer_collectives_are_recorded_and_order_nothing(rank, recorder):
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
     if rank == 0:
         recorder.mark("before")
@@ -215,10 +215,12 @@ def test_ddp_reducer_collectives_are_a_gap_that_orders_nothing(rank, recorder):
     recorder.mark("after")
     dist.barrier()
     tl = recorder.timeline()
-    with pytest.raises(TimelineAssertionError, match="issued through an API the recorder cannot see"):
+    with pytest.raises(TimelineAssertionError, match="issued from native code .gloo:all_reduce.: its completion"):
         tl.assert_happens_before("before@0", "after@1")
-    barrier = [e for e in tl.for_rank(rank) if e.name == "dist.barrier" and e.phase == "start"][0]
-    assert barrier.info["unseen"] >= 1
+    seqs = [e.info["seq"] for e in tl.for_rank(rank) if e.phase == "start" and e.info.get("seq")]
+    assert seqs == list(range(1, len(seqs) + 1)), "no gap: the reducer's collectives are in the sequence"
+    reduced = [e for e in tl.for_rank(rank) if e.name == "dist.all_reduce" and e.phase == "start"]
+    assert reduced and all(e.info["native"] for e in reduced)
     tl.assert_collectives_match()
 """
 

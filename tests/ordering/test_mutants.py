@@ -64,9 +64,11 @@ MUTANTS = {
         "barrier_rank0_only",
         "test_launched_ranks and external-ws2-nodes1-once",
         [
-            "hang: the test did not finish within 3 s (2 ranks)",
+            "desync: collective #2 on the default group: rank 0 barrier(), rank 1 all_gather(int64[1])",
+            "hang: the ranks were stopped after * s, not at the * s limit: they are blocked in collectives that*",
             "  rank 0: blocked in barrier #2 on the default group for *, in *barrier",
-            "    ranks that never entered barrier #2: 1",
+            "  rank 1: waiting in all_gather #2 on the default group, issued from native code (gloo:all_gather),"
+            " for *, in *wrap_model",
         ],
     ),
     "teardown_keeps_group": (

@@ -55,21 +55,30 @@ def test_a_collective_the_recorder_cannot_see_is_a_gap_never_a_shift(pytester) -
     result = run(
         pytester,
         """
-def unseen_barrier():
-    # the pybind method itself, as C++ code (DDP's reducer) issues collectives
-    dist.ProcessGroup.barrier.__ddphooks_original__(dist.group.WORLD).wait()
+def unseen_all_reduce():
+    # the pybind method itself, as native code calls it; with torch's flight recorder off
+    # nothing can see it
+    dist.ProcessGroup.allreduce.__ddphooks_original__(dist.group.WORLD, [torch.ones(1)]).wait()
+
+@pytest.fixture
+def no_flight_recorder():
+    # set in the pytest process before the ranks start: each reads it as its group is made
+    import os
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
+    yield
+    del os.environ["TORCH_FR_BUFFER_SIZE"]
 
 @pytest.mark.multirank(world_size=2)
-def test_gap(rank, recorder):
+def test_gap(rank, recorder, no_flight_recorder):
     if rank == 0:
-        unseen_barrier()
+        unseen_all_reduce()
         time.sleep(0.5)
         recorder.mark("A")
-        dist.barrier()
+        dist.all_reduce(torch.ones(1))
     else:
-        dist.barrier()
+        dist.all_reduce(torch.ones(1))
         recorder.mark("B")
-        unseen_barrier()
+        unseen_all_reduce()
     tl = recorder.timeline()
     with pytest.raises(TimelineAssertionError) as failed:
         tl.assert_happens_before("A@0", "B@1")
@@ -81,6 +90,68 @@ def test_gap(rank, recorder):
 """,
     )
     result.assert_outcomes(passed=1)
+
+
+def test_collectives_native_code_issues_are_recorded_and_order_nothing(pytester) -> None:
+    """DDP's constructor and reducer issue their collectives from C++: each is recorded once,
+    in its place of the group's sequence, and none proves an order (its wait is unseen)."""
+    result = run(
+        pytester,
+        """
+from torch.nn.parallel import DistributedDataParallel
+
+@pytest.mark.multirank(world_size=2)
+def test_ddp(rank, recorder):
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 2))
+    for step in range(2):
+        if rank == 0:
+            recorder.mark(f"before-{step}")
+        model(torch.ones(3, 4)).sum().backward()
+        recorder.mark(f"after-{step}")
+    dist.barrier()
+    recorder.mark("synced")
+    tl = recorder.timeline()
+    native = [e for e in tl.for_rank(rank) if e.phase == "start" and e.info.get("native")]
+    ops = [(e.info["op"], e.info["native"]) for e in native]
+    assert ("all_reduce", "gloo:all_reduce") in ops, ops  # the gradient buckets
+    assert ("broadcast", "gloo:broadcast") in ops, ops  # the constructor's parameter broadcast
+    assert all(e.info["api"] == "native" for e in native)
+    seqs = [e.info["seq"] for e in tl.for_rank(rank) if e.phase == "start" and e.info.get("seq")]
+    assert seqs == list(range(1, len(seqs) + 1)), "every collective has its place: no gap"
+    assert tl.collective_mismatches() == [] and tl.never_waited() == []
+    with pytest.raises(TimelineAssertionError) as failed:
+        tl.assert_happens_before("before-1@0", "after-1@1")
+    assert "issued from native code (gloo:all_reduce): its completion cannot be seen, so it orders nothing" in str(
+        failed.value
+    )
+    tl.assert_happens_before("before-1@0", "synced@1")  # the barrier does order it
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_a_native_collective_against_another_call_is_a_desync_found_at_once(pytester) -> None:
+    result = run(
+        pytester,
+        """
+from torch.nn.parallel import DistributedDataParallel
+
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_barrier_on_one_rank_only(rank):
+    if rank == 0:
+        dist.barrier()  # rank 1 goes on to build DDP: its shape check is an all_gather
+    DistributedDataParallel(torch.nn.Linear(4, 2))
+""",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "desync: collective #1 on the default group: rank 0 barrier(), rank 1 all_gather(int64[1])",
+            "hang: the ranks were stopped after * s, not at the 60 s limit:*",
+            "  rank 1: waiting in all_gather #1 on the default group, issued from native code (gloo:all_gather), *",
+        ]
+    )
 
 
 def test_async_work_orders_from_its_wait(pytester) -> None:

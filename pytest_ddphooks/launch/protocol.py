@@ -18,6 +18,13 @@ from .job import Job
 _HEADER = struct.Struct("<Q")
 
 
+@dataclass(frozen=True)
+class RunMessage:
+    """A message about one run."""
+
+    test_id: str
+
+
 # -- requests ------------------------------------------------------------------------------
 
 
@@ -29,17 +36,13 @@ class Spawn:
 
 
 @dataclass(frozen=True)
-class Kill:
+class Kill(RunMessage):
     """Kill every process of a run; answered by its ``Exited`` messages, then ``Killed``."""
-
-    test_id: str
 
 
 @dataclass(frozen=True)
-class Finish:
+class Finish(RunMessage):
     """The run is over: kill what its ranks abandoned; answered by ``Finished``."""
-
-    test_id: str
 
 
 @dataclass(frozen=True)
@@ -56,36 +59,32 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
-class Spawned:
-    test_id: str
+class Spawned(RunMessage):
     pids: dict[int, int]  # rank -> pid
 
 
 @dataclass(frozen=True)
-class Exited:
-    test_id: str
+class Exited(RunMessage):
     exit: RankExit
 
 
 @dataclass(frozen=True)
-class Noted:
+class Noted(RunMessage):
     """A rank reached a phase: ``setup`` (its fixtures are set up, or failed to), ``done``
     (its result is written)."""
 
-    test_id: str
     rank: int
     phase: str
     status: str
 
 
 @dataclass(frozen=True)
-class Killed:
-    test_id: str
+class Killed(RunMessage):
+    """Every process of the run is gone."""
 
 
 @dataclass(frozen=True)
-class Finished:
-    test_id: str
+class Finished(RunMessage):
     swept: list[tuple[int, str]]  # (pid, command line) of abandoned processes it killed
 
 

@@ -6,12 +6,15 @@ clocks; and recording a reference-trainer fit of 400 steps against not recording
 from __future__ import annotations
 
 import gc
+import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import timeit
+from dataclasses import dataclass
 from typing import Any
 
 from _common import Report, median, ms, parser, progress, repeats_of, table, us, verdict
@@ -205,12 +208,14 @@ def large_timeline(ranks: int, per_rank: int) -> tuple[int, float, int]:
 
 
 FSDP_STEPS = """
+import json
 import time
 import pytest
 import torch
-from pytest_ddphooks.recorder import core
+import torch.distributed as dist
+from pytest_ddphooks.recorder import active
 
-@pytest.mark.multirank(world_size=2, timeout=900)
+@pytest.mark.multirank(world_size=2, timeout=1800)
 def test_fsdp_steps(rank, recorder):
     from torch.distributed.fsdp import fully_shard
 
@@ -223,14 +228,22 @@ def test_fsdp_steps(rank, recorder):
     x = torch.ones(8, 16)
 
     def steps(n):
-        started = time.perf_counter()
+        # per step: wall seconds; CPU seconds of this whole rank process (every thread: gloo's
+        # too); CPU seconds of this thread alone, where FSDP2 issues (and the recorder records)
+        # every collective
+        wall, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(n):
+            # in every mode alike: the watchdog sees progress in an unrecorded block too, and
+            # does not ask the rank for torch's flight recorder (a dump costs it ~0.1 s of CPU)
+            recorder.mark("step")
             model(x).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
-        return (time.perf_counter() - started) / n
-
-    import torch.distributed as dist
+        return (
+            (time.perf_counter() - wall) / n,
+            (time.process_time() - cpu) / n,
+            (time.thread_time() - own) / n,
+        )
 
     def spin(seconds):
         end = time.perf_counter() + seconds
@@ -238,45 +251,126 @@ def test_fsdp_steps(rank, recorder):
             pass
 
     def with_busy_work(fn):
-        # the control: as much plain CPU work before each collective as recording one costs
+        # the control: plain CPU work before each collective, instead of recording it
         def busy(*args, **kwargs):
             spin({busy_us} / 1e6)
             return fn(*args, **kwargs)
         return busy
 
     plain = {{name: getattr(dist, name) for name in ("all_gather_single", "reduce_scatter_single")}}
-    steps(10)
-    recording = core._current
-    ratios, control = [], []
-    for _ in range({blocks}):
-        # every rank switches at the same step: the two ranks run in lockstep
-        core._current = recording
-        on = steps({per_block})
-        core._current = None
-        off = steps({per_block})
-        for name, fn in plain.items():
-            setattr(dist, name, with_busy_work(fn))
-        busy = steps({per_block})
-        for name, fn in plain.items():
-            setattr(dist, name, fn)
-        ratios.append(on / off)
-        control.append(busy / off)
-    core._current = recording
-    events = len(recorder._raw)
-    ratios.sort()
-    control.sort()
-    print(f"FSDP {{rank}} {{ratios[len(ratios) // 2]:.4f}} {{events}} {{control[len(control) // 2]:.4f}}")
+    busy = {{name: with_busy_work(fn) for name, fn in plain.items()}}
+    calls = {{"n": 0}}
+
+    def counting(fn):
+        def counted(*args, **kwargs):
+            calls["n"] += 1
+            return fn(*args, **kwargs)
+        return counted
+
+    log = active.suspended()
+    assert log is recorder
+    # how many all-gathers and reduce-scatters a step issues (what the control adds work to)
+    for name, fn in plain.items():
+        setattr(dist, name, counting(fn))
+    steps({warmup})
+    for name, fn in plain.items():
+        setattr(dist, name, fn)
+    wrapped_per_step = calls["n"] / {warmup}
+
+    def run(mode):
+        if mode == "on":
+            active.resume(log)
+        elif mode == "busy":
+            for name, fn in busy.items():
+                setattr(dist, name, fn)
+        try:
+            return steps({per_block})
+        finally:
+            active.suspended()
+            for name, fn in plain.items():
+                setattr(dist, name, fn)
+
+    modes = ("on", "off", "busy")
+    blocks = []
+    recorded_steps = 0
+    before = len(recorder._raw)
+    for b in range({blocks}):
+        # every rank switches at the same step (the two ranks run in lockstep); the order of the
+        # three modes rotates from block to block, so none always follows the same one
+        order = modes[b % 3 :] + modes[: b % 3]
+        blocks.append({{mode: run(mode) for mode in order}})
+        recorded_steps += {per_block}
+    # the calls recorded (not the marks, nor collectives read from the flight recorder later)
+    calls = sum(
+        1
+        for e in recorder._raw[before:]
+        if e[4] == "start" and e[3] not in ("mark", "meta") and not (e[6] or {{}}).get("native")
+    )
+    active.resume(log)
+    out = {{
+        "blocks": [{{m: [round(v, 9) for v in blk[m]] for m in modes}} for blk in blocks],
+        "calls_per_step": calls / recorded_steps,
+        "wrapped_per_step": wrapped_per_step,
+    }}
+    print(f"FSDP {{rank}} {{json.dumps(out, separators=(',', ':'))}}")
 """
 
 
-def fsdp_step_overhead(blocks: int, per_block: int, busy_us: float) -> tuple[float, int, float]:
-    """Median, over alternating blocks of FSDP2 training steps on 2 ranks, of recorded step
-    time over unrecorded (recording switched on and off inside the ranks, so launching them is
-    not part of it); how many events one rank recorded; and the same ratio for plain busy work
-    of ``busy_us`` before each collective instead of recording (what this machine makes of a
-    few microseconds more before a collective)."""
-    rows = _inner_session(FSDP_STEPS.format(blocks=blocks, per_block=per_block, busy_us=busy_us), "FSDP", 2)
-    return max(float(r[1]) for r in rows) - 1, int(rows[0][2]), max(float(r[3]) for r in rows) - 1
+@dataclass
+class FsdpRun:
+    """One inner session of FSDP_STEPS: per rank, the median over blocks of each ratio."""
+
+    cpu: float  # recorded / unrecorded CPU time per step, less 1: the worse rank's median
+    wall: float  # the same for wall time
+    busy_cpu: float  # the control (busy work instead of recording) / unrecorded, CPU
+    busy_wall: float  # the same, wall
+    busy_cpu_expected: float  # the busy work itself, as a share of an unrecorded step's CPU
+    cpu_ms: float  # an unrecorded step's CPU time (median, the busier rank)
+    wall_ms: float  # an unrecorded step's wall time (median, the slower rank)
+    cpu_per_rank: list[float]  # each rank's median CPU ratio, less 1
+    cpu_spread: tuple[float, float]  # the worse rank's interquartile range of block CPU ratios, less 1
+    calls_per_step: float  # recorded calls per step (two events each)
+    wrapped_per_step: float
+    recorded_us_per_step: float  # the CPU the recording added per step (worse rank), microseconds
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
+def fsdp_step_overhead(blocks: int, per_block: int, busy_us: float, warmup: int = 20) -> FsdpRun:
+    """Alternating blocks of FSDP2 training steps on 2 ranks: recorded, not recorded, and with
+    ``busy_us`` of plain busy work before each all-gather / reduce-scatter instead of recording
+    (recording switched on and off inside the ranks, so launching them is not part of it).
+    Per rank, the median over blocks of each block's ratio to its unrecorded steps, of CPU time
+    (the rank process, every thread) and of wall time; the worse rank's."""
+    source = FSDP_STEPS.format(blocks=blocks, per_block=per_block, busy_us=busy_us, warmup=warmup)
+    rows = _inner_session(source, "FSDP", 2)
+    per_rank = [json.loads(r[1]) for r in rows]
+
+    def ratios(data: dict[str, Any], mode: str, i: int) -> list[float]:
+        return [b[mode][i] / b["off"][i] - 1 for b in data["blocks"]]
+
+    cpu = [median(ratios(d, "on", 1)) for d in per_rank]
+    worse = max(range(len(per_rank)), key=lambda r: cpu[r])
+    off_cpu = [median(b["off"][1] for b in d["blocks"]) for d in per_rank]
+    off_wall = [median(b["off"][0] for b in d["blocks"]) for d in per_rank]
+    wrapped = per_rank[0]["wrapped_per_step"]
+    return FsdpRun(
+        cpu=cpu[worse],
+        wall=max(median(ratios(d, "on", 0)) for d in per_rank),
+        busy_cpu=max(median(ratios(d, "busy", 1)) for d in per_rank),
+        busy_wall=max(median(ratios(d, "busy", 0)) for d in per_rank),
+        busy_cpu_expected=busy_us * 1e-6 * wrapped / max(off_cpu),
+        cpu_ms=max(off_cpu) * 1e3,
+        wall_ms=max(off_wall) * 1e3,
+        cpu_per_rank=cpu,
+        cpu_spread=_quartiles(ratios(per_rank[worse], "on", 1)),
+        calls_per_step=per_rank[0]["calls_per_step"],
+        wrapped_per_step=wrapped,
+        recorded_us_per_step=cpu[worse] * off_cpu[worse] * 1e6,
+    )
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ not a second culprit. Classification needs no ranks: tests build a ``RunReport``
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from .recorder import collectives, events
 from .recorder.clocks import collective_key
 from .recorder.timeline import Mismatch, Span, Timeline
 from .report import RankExit, RankResult, RunReport
-from .stacks import Frame, Stacks, fatal_error, format_stack, user_frame
+from .stacks import Frame, Stacks, ThreadStack, fatal_error, format_stack, user_frame
 
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed")
 
@@ -412,11 +413,21 @@ def _stack_lines(f: RunFailure) -> list[str]:
             continue
         main = f.main_threads.get(rank)
         for t in sorted(stacks.threads, key=lambda t: t.ident != main):
+            if t.ident != main and _harness_thread(t):
+                continue
             label = f.thread_names.get((rank, t.ident)) or (
                 "MainThread" if t.ident == main else f"thread 0x{t.ident:x}"
             )
             lines.extend(format_stack(t, f"rank {rank} stack, {label}"))
     return lines
+
+
+_HARNESS = os.path.join("pytest_ddphooks", "")
+
+
+def _harness_thread(t: ThreadStack) -> bool:
+    """A thread of the harness itself in a rank (it answers the watchdog): not the test's."""
+    return user_frame(t) is None and any(_HARNESS in frame.path for frame in t.frames)
 
 
 def _died_lines(rf: RankFailure) -> list[str]:

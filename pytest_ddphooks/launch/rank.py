@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from .. import blobs
+from .. import blobs, coverage_relay, singletons
 from ..recorder import Recorder
 from ..report import RankResult
 from . import procs, protocol, rendezvous
@@ -141,11 +141,22 @@ def _init_group(job: Job, rank: int, store: Any, group_timeout: float) -> None:
     dist.init_process_group(**kwargs)
 
 
+@dataclass(frozen=True)
+class _Left:
+    kind: str
+    key: str
+    ref: int
+
+
 def _kill_children() -> list[tuple[int, str]]:
-    """Processes this rank started and left running: killed, and named for the report."""
+    """Processes this rank started and left running: killed, and named for the report
+    (those a library starts once per process, such as multiprocessing's resource tracker,
+    only killed: they would have ended with the rank)."""
     found = []
     for pid in procs.descendants_of(os.getpid()):
-        found.append((pid, procs.command_line(pid, settle=True)))
+        command = procs.command_line(pid, settle=True)
+        if singletons.known(_Left("process", command, pid)) is None:
+            found.append((pid, command))
     procs.kill_tree(os.getpid(), include_root=False)
     return found
 
@@ -177,11 +188,13 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
     started = time.monotonic()
     procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
     store = None
+    measured = None
     result: RankResult
     try:
         _redirect_output(job, rank)
         _arm_stack_dumps(job, rank)
         _apply_env(job, rank, port)
+        measured = coverage_relay.start_in_rank()
         recorder = Recorder(rank, job.world_size, event_file=job.path(rank, "events"))
         limit = group_timeout(job)
         raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
@@ -215,6 +228,7 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    coverage_relay.save(measured)
     result.write(job.path(rank, "result"))
     note(notes, rank, "done", result.outcome)
     # from here on the rank only takes its leave: nothing it prints is the test's output

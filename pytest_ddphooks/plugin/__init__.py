@@ -14,6 +14,7 @@ import pytest
 from .. import session_dirs
 from ..recorder import distpatch
 from . import special
+from .coverage import CoverageHooks
 from .fixtures import node_tmp_path, rank, recorder, shared_tmp_path, world_size
 from .leaks import ALLOW_HELP, LeakHooks
 from .markers import MULTIRANK_HELP, SPECIAL_HELP, MarkerHooks
@@ -60,6 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         config.pluginmanager.register(MultirankHooks(ddp), "ddphooks-multirank")
     config.pluginmanager.register(LeakHooks(ddp), "ddphooks-leaks")
+    config.pluginmanager.register(CoverageHooks(ddp), "ddphooks-coverage")
     config.pluginmanager.register(special.SpecialHooks(ddp), "ddphooks-special")
     target = special.special_target()
     if target is not None:

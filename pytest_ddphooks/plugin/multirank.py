@@ -136,7 +136,7 @@ class MultirankHooks:
             init_process_group=run.spec.init_process_group,
             timeout=self.ddp.limit_of(run),
             run_dir=run_dir,
-            env=dict(os.environ),
+            env={**os.environ, **self.ddp.child_env()},
             cwd=os.getcwd(),
             payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL),
         )

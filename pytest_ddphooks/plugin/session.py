@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from .. import session_dirs
+from .. import coverage_relay, session_dirs
 from ..launch.launcher import Launcher
 from . import rankbody
 from .markers import RUN_KEY, TIMEOUT_KEY, MultirankRun
@@ -24,12 +24,27 @@ class DdpSession:
         self.settings = settings
         self.launcher: Launcher | None = None
         self._folder: str | None = None
+        self._coverage: dict[str, str] | None = None
 
     def folder(self) -> str:
         """This session's private folder for run files (removed at the end of the session)."""
         if self._folder is None:
             self._folder = session_dirs.create()
         return self._folder
+
+    def coverage_folder(self) -> str:
+        return os.path.join(self.folder(), "coverage")
+
+    def child_env(self) -> dict[str, str]:
+        """What the environment of every process the plugin starts adds: the session's
+        coverage configuration, when the session measures coverage."""
+        if self._coverage is None:
+            self._coverage = {}
+            config = coverage_relay.child_config(self.coverage_folder())
+            if config is not None:
+                os.makedirs(self.coverage_folder(), exist_ok=True)
+                self._coverage[coverage_relay.ENV] = config
+        return self._coverage
 
     def limit_of(self, run: MultirankRun) -> float:
         """A multirank test's time limit: its marker's, pytest-timeout's, or the default."""

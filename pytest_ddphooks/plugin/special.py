@@ -97,6 +97,9 @@ def child_command(config: pytest.Config, item: pytest.Item, folder: str) -> list
     args.append("--ddp-spmd=off")
     if config.pluginmanager.hasplugin("xdist"):
         args += ["-n", "0"]
+    if config.pluginmanager.hasplugin("_cov"):
+        # measured by the session's own configuration, combined into the session's data
+        args.append("--no-cov")
     if getattr(config.option, "xmlpath", None):
         args += [f"--junit-xml={os.path.join(folder, 'junit.xml')}"]
     args.append(str(item.path))
@@ -146,7 +149,7 @@ class SpecialHooks:
         tmp = os.path.join(folder, "tmp")
         os.mkdir(tmp)
         env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}  # one plain process
-        env.update({TARGET_ENV: item.nodeid, "TMPDIR": tmp})
+        env.update({TARGET_ENV: item.nodeid, "TMPDIR": tmp, **self.ddp.child_env()})
         limit = self.ddp.special_limit(item)
         command = child_command(self.config, item, folder)
         cwd = str(self.config.invocation_params.dir)

@@ -1,0 +1,152 @@
+"""Lines run in ranks, in special tests' interpreters and in what ranks spawn count in the
+session's coverage report, with pytest-cov or with ``coverage run``, and nothing to set up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("pytest_cov", reason="pytest-cov is installed with the test extras (ci/constraints.txt)")
+
+PACKAGE = """
+def on_rank(rank):
+    if rank == 0:
+        return "zero"
+    return "other"
+
+
+def in_special():
+    return "special"
+
+
+def in_spawned_child():
+    return "child"
+
+
+def only_rank1_before_its_hang():
+    return "rank 1 got here"
+"""
+
+TESTS = """
+import time
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from mypkg.code import in_spawned_child, in_special, on_rank, only_rank1_before_its_hang
+
+
+@pytest.mark.multirank(world_size=2)
+def test_branches_on_different_ranks(rank):
+    assert on_rank(rank) == ("zero" if rank == 0 else "other")
+    dist.barrier()
+
+
+@pytest.mark.special
+def test_in_its_own_interpreter():
+    assert in_special() == "special"
+
+
+def _child(i):
+    in_spawned_child()
+
+
+@pytest.mark.multirank(world_size=1)
+def test_a_rank_spawns_a_child():
+    mp.start_processes(_child, nprocs=1, start_method="spawn")
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.mkpydir("mypkg")
+    (pytester.path / "mypkg" / "code.py").write_text(PACKAGE)
+    pytester.makepyfile(test_cov=TESTS)
+    return pytester
+
+
+def _missing(text: str) -> str:
+    line = next(ln for ln in text.splitlines() if ln.startswith("mypkg/code.py"))
+    return line
+
+
+def test_pytest_cov_counts_lines_run_in_ranks_and_special_interpreters(project) -> None:
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "-k", "not spawns"
+    )
+    result.assert_outcomes(passed=2)
+    # everything but the spawned child's function and the hang helper
+    result.stdout.fnmatch_lines(["mypkg/code.py * 10 * 2 * 80% * 13, 17"])
+    assert not list(project.path.glob(".coverage.*")), "the ranks' data files were combined, none left"
+
+
+def test_a_function_whose_branches_run_on_different_ranks_shows_100_percent(project) -> None:
+    project.makepyfile(
+        test_only_ranks="""
+        import pytest
+        import torch.distributed as dist
+        from mypkg.code import on_rank
+
+        @pytest.mark.multirank(world_size=2)
+        def test_branches(rank):
+            on_rank(rank)
+            dist.barrier()
+        """
+    )
+    (project.path / "mypkg" / "code.py").write_text(PACKAGE.split("\n\n\ndef in_special")[0] + "\n")
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_only_ranks.py"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 100%"])
+
+
+def test_coverage_run_counts_them_too_and_a_spawned_child(project) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "coverage", "run", "--source=mypkg", "-m", "pytest", "-p", "no:cacheprovider"],
+        cwd=project.path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = subprocess.run(
+        [sys.executable, "-m", "coverage", "report", "-m"], cwd=project.path, capture_output=True, text=True
+    )
+    line = _missing(report.stdout)
+    assert line.split()[1:] == ["10", "1", "90%", "17"], report.stdout  # all but the hang helper
+
+
+def test_under_xdist_the_workers_ranks_are_counted(project) -> None:
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--cov=mypkg", "--cov-report=term-missing", "-k", "branches"
+    )
+    result.assert_outcomes(passed=1)
+    # both branches of on_rank ran, on different ranks of a worker
+    result.stdout.fnmatch_lines(["mypkg/code.py * 10 * 3 * 70% * 9, 13, 17"])
+
+
+def test_a_rank_killed_at_the_limit_loses_only_its_own_lines(project) -> None:
+    project.makepyfile(
+        test_hang="""
+        import time
+        import pytest
+        import torch.distributed as dist
+        from mypkg.code import on_rank, only_rank1_before_its_hang
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_rank1_hangs(rank):
+            if rank == 1:
+                only_rank1_before_its_hang()
+                time.sleep(600)
+            on_rank(rank)
+        """
+    )
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_hang.py"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*hang: the test did not finish within 3 s*"])
+    # rank 1 was killed at the limit: what it ran (5, 17) is lost; rank 0's lines (3, 4) are kept
+    result.stdout.fnmatch_lines(["mypkg/code.py * 10 * 4 * 60% * 5, 9, 13, 17"])

@@ -30,6 +30,7 @@ class RankResult:
     harness_error: bool = False  # the failure came from setting the rank up, not the test
     phase: str = "call"  # where a failure happened: fixture "setup", the body ("call"), "teardown"
     warnings: list[dict[str, Any]] = field(default_factory=list)  # warning_relay's wire form
+    sections: list[tuple[str, str, str]] = field(default_factory=list)  # (when, key, text): captured logs
 
     def write(self, path: str) -> None:
         tmp = path + ".tmp"

@@ -201,6 +201,9 @@ class MultirankHooks:
         return verdict
 
     def _output_sections(self, item: pytest.Item, report: RunReport) -> None:
+        for r, result in sorted(report.results.items()):
+            for when, key, text in result.sections:
+                item.add_report_section(when, f"{key} rank {r}", text)
         capture = self.config.getoption("capture", "fd")
         for r, (out, err) in sorted(report.outputs.items()):
             if capture == "no":

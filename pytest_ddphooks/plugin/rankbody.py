@@ -8,16 +8,19 @@ so the rank's report reads exactly like pytest's: assertion introspection, ``--t
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from _pytest._code import ExceptionInfo
 from _pytest._io import TerminalWriter
+from _pytest.logging import caplog_records_key
 from _pytest.outcomes import Exit, Skipped, XFailed
 from _pytest.warnings import catch_warnings_for_item
 
@@ -86,10 +89,27 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     item = _items.get(payload.nodeid)
     if item is None:
         raise LookupError(f"the rank launcher does not know the test {payload.nodeid!r}")
-    with catch_warnings_for_item(item.config, log, "runtest", item):
+    with catch_warnings_for_item(item.config, log, "runtest", item), _capturing_logs(item):
         result = _run_body(item, payload, ctx)
     result.warnings = warning_relay.unique(log.caught)
+    result.sections = [
+        (when, key, text) for when, key, text in getattr(item, "_report_sections", []) if key == "log" and text
+    ]
     return result
+
+
+@contextlib.contextmanager
+def _capturing_logs(item: pytest.Function) -> Iterator[None]:
+    """Logs of the rank as pytest captures a test's (``caplog`` reads them, and the report's
+    "Captured log" section shows them)."""
+    plugin = item.config.pluginmanager.get_plugin("logging-plugin")
+    runtest_for = getattr(plugin, "_runtest_for", None)
+    if runtest_for is None:
+        yield
+        return
+    item.stash[caplog_records_key] = {}
+    with runtest_for(item, "call"):
+        yield
 
 
 def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> RankResult:

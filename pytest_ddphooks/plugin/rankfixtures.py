@@ -13,11 +13,27 @@ import inspect
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
-RANK_LOCAL = frozenset({"rank", "recorder", "node_tmp_path", "monkeypatch"})
+# what only makes sense in the process the body runs in: each rank captures, records,
+# patches and collects warnings of its own
+RANK_LOCAL = frozenset(
+    {
+        "rank",
+        "recorder",
+        "node_tmp_path",
+        "monkeypatch",
+        "capsys",
+        "capsysbinary",
+        "capteesys",
+        "capfd",
+        "capfdbinary",
+        "caplog",
+        "recwarn",
+    }
+)
 RANK_RESOLVED = RANK_LOCAL | {"request"}
 
 
@@ -150,6 +166,9 @@ class _Shim:
 
     def addfinalizer(self, finalizer: Callable[[], object]) -> None:
         self._finalizers.append(finalizer)
+
+    def raiseerror(self, msg: str | None) -> NoReturn:
+        raise RuntimeError(f"fixture {self.fixturename!r} in a rank: {msg}")
 
 
 class RankFixtures:

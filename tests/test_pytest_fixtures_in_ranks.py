@@ -1,0 +1,72 @@
+"""pytest's own fixtures work in a multirank body as in a plain test, each rank its own."""
+
+from __future__ import annotations
+
+
+def test_capture_log_and_warning_fixtures_work_in_each_rank(inner) -> None:
+    ran = inner(
+        """
+        import logging
+        import os
+        import warnings
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_capsys(rank, capsys):
+            print(f"hello from {rank}")
+            assert capsys.readouterr().out == f"hello from {rank}\\n"
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_capfd(rank, capfd):
+            os.write(1, f"fd {rank}\\n".encode())
+            assert capfd.readouterr().out == f"fd {rank}\\n"
+
+        @pytest.mark.multirank(world_size=2)
+        def test_caplog(rank, caplog):
+            with caplog.at_level(logging.INFO):
+                logging.getLogger("trainer").info("rank %d ready", rank)
+            assert caplog.messages == [f"rank {rank} ready"]
+
+        @pytest.mark.multirank(world_size=2)
+        def test_recwarn(rank, recwarn):
+            warnings.warn(f"careful {rank}", UserWarning)
+            assert [str(w.message) for w in recwarn] == [f"careful {rank}"]
+
+        @pytest.fixture(params=["a", "b"])
+        def letter(request):
+            return request.param
+
+        @pytest.mark.multirank(world_size=2)
+        def test_request_and_tmp_path(rank, request, letter, tmp_path, monkeypatch):
+            monkeypatch.setenv("MINE", str(rank))
+            assert request.node.name == f"test_request_and_tmp_path[{letter}]"
+            (tmp_path / f"r{rank}").write_text("x")
+            dist.barrier()
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["r0", "r1"]
+            assert os.environ["MINE"] == str(rank)
+        """
+    )
+    ran.result.assert_outcomes(passed=6)
+
+
+def test_a_rank_s_logs_are_its_own_report_section(inner) -> None:
+    ran = inner(
+        """
+        import logging
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_logs_then_fails(rank):
+            logging.getLogger("trainer").warning("rank %d is about to fail", rank)
+            assert rank == 0
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "*- Captured log rank 0 call -*",
+        "WARNING  trainer:test_inner.py:6 rank 0 is about to fail",
+        "*- Captured log rank 1 call -*",
+        "WARNING  trainer:test_inner.py:6 rank 1 is about to fail",
+    )

@@ -22,6 +22,7 @@ class Job:
     cwd: str
     payload: bytes = b""  # opaque to the launcher; the rank body decodes it
     group_timeout: float = 0.0  # the process group's own timeout; 0 derives it from timeout
+    live_output: str | None = None  # where each rank's lines go as they are printed (-s)
 
     @property
     def local_world_size(self) -> int:

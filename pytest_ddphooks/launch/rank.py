@@ -30,6 +30,7 @@ from ..recorder import Recorder
 from ..report import RankResult
 from . import procs, protocol, rendezvous
 from .job import Job
+from .output import RankOutput
 
 _keep: list[Any] = []  # files that must stay open for the signal handlers
 
@@ -62,13 +63,9 @@ def note(fd: int, rank: int, phase: str, status: str) -> None:
             os.write(fd, protocol.note_line(rank, phase, status))
 
 
-def _redirect_output(job: Job, rank: int) -> None:
-    null = os.open(os.devnull, os.O_RDONLY)
-    out = os.open(job.path(rank, "out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    err = os.open(job.path(rank, "err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    for src, dst in ((null, 0), (out, 1), (err, 2)):
-        os.dup2(src, dst)
-        os.close(src)
+def _redirect_output(job: Job, rank: int) -> RankOutput:
+    output = RankOutput(job, rank)
+    output.start()
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
@@ -78,12 +75,13 @@ def _redirect_output(job: Job, rank: int) -> None:
     for handler in list(root.handlers):
         if type(handler).__module__.startswith("_pytest"):
             root.removeHandler(handler)
+    return output
 
 
-def _arm_stack_dumps(job: Job, rank: int) -> None:
+def _arm_stack_dumps(job: Job, rank: int, crash_fd: int) -> None:
     stacks = open(job.path(rank, "stacks"), "w")  # noqa: SIM115
     _keep.append(stacks)
-    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.enable(file=crash_fd, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
 
 
@@ -189,10 +187,11 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
     procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
     store = None
     measured = None
+    output: RankOutput | None = None
     result: RankResult
     try:
-        _redirect_output(job, rank)
-        _arm_stack_dumps(job, rank)
+        output = _redirect_output(job, rank)
+        _arm_stack_dumps(job, rank, output.crash_fd)
         _apply_env(job, rank, port)
         measured = coverage_relay.start_in_rank()
         recorder = Recorder(rank, job.world_size, event_file=job.path(rank, "events"))
@@ -228,6 +227,8 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    if output is not None:
+        output.finish()
     coverage_relay.save(measured)
     result.write(job.path(rank, "result"))
     note(notes, rank, "done", result.outcome)

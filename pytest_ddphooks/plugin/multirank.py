@@ -57,6 +57,8 @@ class MultirankHooks:
         self.ddp = ddp
         self.config = ddp.config
         self._ids = itertools.count(1)
+        # with -s every line a rank prints reaches the terminal as it is printed
+        self._live = self.config.getoption("capture", "fd") == "no"
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -139,6 +141,7 @@ class MultirankHooks:
             env={**os.environ, **self.ddp.child_env()},
             cwd=os.getcwd(),
             payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL),
+            live_output=f"/proc/{os.getpid()}/fd/1" if self._live else None,
         )
         active.watch = RunWatch(launcher, active.job)
         active.watch.start()
@@ -204,14 +207,9 @@ class MultirankHooks:
         for r, result in sorted(report.results.items()):
             for when, key, text in result.sections:
                 item.add_report_section(when, f"{key} rank {r}", text)
-        capture = self.config.getoption("capture", "fd")
+        if self._live:
+            return  # it was on the terminal as it was printed
         for r, (out, err) in sorted(report.outputs.items()):
-            if capture == "no":
-                for line in out.splitlines():
-                    print(f"[rank {r}] {line}")
-                for line in err.splitlines():
-                    print(f"[rank {r} stderr] {line}")
-                continue
             if out:
                 item.add_report_section("call", f"stdout rank {r}", out)
             if err:

@@ -1,0 +1,87 @@
+"""Where a rank's output goes: descriptors 1 and 2 into the rank's own files (the report's
+sections and a death's diagnosis read them). With a live terminal (``-s``), through a pipe
+each instead, which a thread of the rank copies both to the files and, every line prefixed
+``[rank N]``, to the terminal as it is printed. A crash dump always goes straight to the
+file: a dying process runs no thread."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+
+from .job import Job
+
+
+class RankOutput:
+    def __init__(self, job: Job, rank: int) -> None:
+        self.job = job
+        self.rank = rank
+        self.crash_fd = 2  # where a fatal error dump goes
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        out = os.open(self.job.path(self.rank, "out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        err = os.open(self.job.path(self.rank, "err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        live = self._open_live()
+        if live is None:
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            os.close(out)
+            os.close(err)
+            return
+        self.crash_fd = os.dup(err)
+        pipes = {}
+        for target, fd in ((out, 1), (err, 2)):
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            pipes[read_end] = target
+        self._thread = threading.Thread(target=self._copy, args=(pipes, live), name="ddphooks-live-output", daemon=True)
+        self._thread.start()
+
+    def _open_live(self) -> int | None:
+        if not self.job.live_output:
+            return None
+        try:
+            return os.open(self.job.live_output, os.O_WRONLY | os.O_APPEND)
+        except OSError:
+            return None  # the terminal went away: the files still have everything
+
+    def _copy(self, pipes: dict[int, int], live: int) -> None:
+        prefix = f"[rank {self.rank}] ".encode()
+        pending = dict.fromkeys(pipes, b"")
+        while pipes:
+            readable, _, _ = select.select(list(pipes), [], [])
+            for fd in readable:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    if pending[fd]:
+                        _write(live, prefix + pending[fd] + b"\n")
+                    os.close(fd)
+                    del pipes[fd]
+                    continue
+                _write(pipes[fd], chunk)
+                *lines, pending[fd] = (pending[fd] + chunk).split(b"\n")
+                if lines:
+                    _write(live, b"".join(prefix + line + b"\n" for line in lines))
+
+    def finish(self) -> None:
+        """The body is over: let the copying thread write what is left."""
+        if self._thread is None:
+            return
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+        self._thread.join(5.0)
+
+
+def _write(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(fd, data) :]

@@ -1,0 +1,71 @@
+"""With -s every line a rank prints reaches the terminal as it is printed, prefixed [rank N];
+without it, rank output stays in the report's sections."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+WAITS_FOR_THE_READER = """
+import os
+import time
+import pytest
+
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_prints_then_waits(rank, tmp_path_factory):
+    print(f"ready on {rank}", flush=True)
+    os.write(2, f"and on stderr {rank}\\n".encode())
+    go = os.path.join(os.environ["GO_DIR"], "go")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(go):  # only a reader who saw the line live creates it
+        assert time.monotonic() < deadline, "nobody saw the line while the test ran"
+        time.sleep(0.01)
+    print("after the go")
+"""
+
+
+def test_rank_lines_reach_the_terminal_while_the_test_runs(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_live=WAITS_FOR_THE_READER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider", "test_live.py"],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "GO_DIR": str(pytester.path)},
+    )
+    assert proc.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"[rank 0] ready on 0" not in seen or b"[rank 1] ready on 1" not in seen:
+        assert time.monotonic() < deadline, seen.decode(errors="replace")
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            seen += proc.stdout.read1(65536)
+    (pytester.path / "go").write_text("seen")
+    out, _ = proc.communicate(timeout=60)
+    text = (seen + out).decode()
+    assert proc.returncode == 0, text
+    for rank in (0, 1):
+        assert f"[rank {rank}] and on stderr {rank}" in text
+        assert f"[rank {rank}] after the go" in text
+
+
+def test_without_s_rank_output_is_in_the_report_sections(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_prints(rank):
+            print(f"said by {rank}")
+            assert rank == 0
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("*- Captured stdout rank 1 call -*", "said by 1")
+    ran.no_lines("[[]rank 1[]] said by 1")

@@ -14,3 +14,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -c ci/constraints.txt -e ".[test]"
     echo "$want" > "$stamp"
 fi
+# the HTML report is tested in a real browser: Debian's chromium, when it can be installed
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    if ! apt-get install -y -qq chromium >/dev/null 2>&1; then
+        apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1 \
+            || echo "ci/setup.sh: chromium could not be installed; the browser tests will be skipped"
+    fi
+fi

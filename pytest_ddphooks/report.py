@@ -31,6 +31,7 @@ class RankResult:
     phase: str = "call"  # where a failure happened: fixture "setup", the body ("call"), "teardown"
     warnings: list[dict[str, Any]] = field(default_factory=list)  # warning_relay's wire form
     sections: list[tuple[str, str, str]] = field(default_factory=list)  # (when, key, text): captured logs
+    highlights: list[dict[str, Any]] = field(default_factory=list)  # events a timeline assertion named
 
     def write(self, path: str) -> None:
         tmp = path + ".tmp"

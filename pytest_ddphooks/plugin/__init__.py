@@ -20,6 +20,7 @@ from .leaks import ALLOW_HELP, LeakHooks
 from .markers import MULTIRANK_HELP, SPECIAL_HELP, MarkerHooks
 from .multirank import MultirankHooks
 from .options import add_options
+from .page import PageHooks
 from .reports import ReportHooks
 from .session import DdpSession
 from .settings import Settings
@@ -62,6 +63,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(MultirankHooks(ddp), "ddphooks-multirank")
     config.pluginmanager.register(LeakHooks(ddp), "ddphooks-leaks")
     config.pluginmanager.register(CoverageHooks(ddp), "ddphooks-coverage")
+    if settings.report:
+        config.pluginmanager.register(PageHooks(ddp), "ddphooks-page")
     config.pluginmanager.register(special.SpecialHooks(ddp), "ddphooks-special")
     target = special.special_target()
     if target is not None:

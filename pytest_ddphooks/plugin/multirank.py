@@ -21,12 +21,13 @@ from typing import Any
 import pytest
 
 from ..failure import RunFailure, Verdict, classify, render
+from ..htmlreport import multirank_view
 from ..launch.job import Job
 from ..launch.run import RunWatch
 from ..leaks import Leak
 from ..recorder import NeverWaitedWarning
 from ..report import RunReport
-from . import rankbody, rankfixtures
+from . import page, rankbody, rankfixtures
 from .leaks import RANK_LEAKS_KEY
 from .markers import RUN_KEY, TIMEOUT_KEY, MultirankRun, is_special
 from .reports import MultirankFailed, fail_with, raise_verdict, relay_warnings, warn_at
@@ -198,6 +199,15 @@ class MultirankHooks:
                 warn_at(item, NeverWaitedWarning(text))
         self._output_sections(item, report)
         self._rank_leaks(item, report)
+        if self.ddp.settings.report or self.config.pluginmanager.hasplugin("html"):
+            item.stash[page.VIEW_KEY] = multirank_view(
+                item.nodeid,
+                report.timeline,
+                world_size=report.world_size,
+                outputs=report.outputs,
+                failures={r: res.longrepr for r, res in report.results.items() if res.outcome == "failed"},
+                highlights=[h for res in report.results.values() for h in res.highlights],
+            )
         if verdict.failure is not None:
             self._write_trace(item, report, verdict.failure)
         job.remove_run_dir()

@@ -57,6 +57,13 @@ OPTIONS = (
         metavar="DIR",
     ),
     Option(
+        "ddp_report",
+        "--ddp-report",
+        "write one self-contained HTML page of the session's multirank tests there: outcomes, each"
+        " rank's lane with its hooks and collectives, diagnoses, tracebacks and output",
+        metavar="PATH.html",
+    ),
+    Option(
         "ddp_preload",
         "",
         "modules the rank launcher imports before it forks ranks, one per line (torch and"

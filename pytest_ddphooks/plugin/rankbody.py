@@ -171,4 +171,8 @@ def outcome_of(
     text, message, location = _render(item, error, markup)
     if isinstance(error, Exit):
         message = f"pytest.exit() in a rank: {error.msg}"
-    return RankResult(rank, "failed", longrepr=text, message=message, location=location, duration=elapsed, phase=phase)
+    result = RankResult(
+        rank, "failed", longrepr=text, message=message, location=location, duration=elapsed, phase=phase
+    )
+    result.highlights = list(getattr(error, "highlights", None) or [])
+    return result

@@ -13,6 +13,7 @@ from _pytest.outcomes import Skipped
 
 from .. import warning_relay
 from ..failure import Rendered, Verdict, render
+from . import page
 
 
 class MultirankFailed(Exception):
@@ -60,6 +61,10 @@ def raise_verdict(verdict: Verdict) -> None:
 
 
 def shape_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> pytest.TestReport:
+    view = item.stash.get(page.VIEW_KEY, None)
+    if view is not None:
+        del item.stash[page.VIEW_KEY]
+        page.attach(item, report, view)
     exc = call.excinfo.value if call.excinfo is not None else None
     if isinstance(exc, MultirankFailed) and report.failed:
         report.longrepr = exc.longrepr(item)

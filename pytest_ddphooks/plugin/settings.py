@@ -23,6 +23,7 @@ class Settings:
     leaks: str = "fail"  # fail | warn | off
     leaks_allow: Allowlist = field(default_factory=lambda: Allowlist(singletons=True))
     trace_dir: str | None = None
+    report: str | None = None  # the HTML page of the session's multirank tests
     preload: tuple[str, ...] = ()
     spmd: bool = False  # the session runs on ranks torchrun launched
     plain_tests_everywhere: bool = False
@@ -35,6 +36,7 @@ class Settings:
             leaks=_choice(config, "ddp_leaks", ("fail", "warn", "off")),
             leaks_allow=_allowlist(config),
             trace_dir=_value(config, "ddp_trace_dir")[0] or None,
+            report=_value(config, "ddp_report")[0] or None,
             preload=tuple(config.getini("ddp_preload")),
             spmd=_spmd_mode(config),
             plain_tests_everywhere=_choice(config, "ddp_plain_tests", ("rank0", "all")) == "all",

@@ -15,7 +15,15 @@ from .events import Event, RawEvent, to_events
 
 
 class TimelineAssertionError(AssertionError):
-    """A Timeline assertion failed; the message explains it and draws the swimlanes."""
+    """A Timeline assertion failed; the message explains it and draws the swimlanes.
+
+    ``highlights`` names the events at fault, for pictures of the timeline: for a refused
+    happens-before, each pair ``{"a": [rank, index], "b": [rank, index], "why": ...}`` where
+    ``a`` ended and ``b`` started with no synchronisation between them."""
+
+    def __init__(self, message: str, highlights: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.highlights = highlights or []
 
 
 TimelineAssertionError.__module__ = "pytest_ddphooks"  # how reports name it: where users import it
@@ -192,11 +200,16 @@ class Timeline:
         if not bad:
             return
         lines = [f"{a!r} does not happen before {b!r}:"]
+        highlights = []
         for x, y in bad[:3]:
-            lines.extend("  " + line for line in self._explain(x, y))
+            explained = self._explain(x, y)
+            lines.extend("  " + line for line in explained)
+            done = x.end if x.end is not None else x.start
+            why = explained[1] if len(explained) > 1 else explained[0]
+            highlights.append({"a": [x.rank, done.index], "b": [y.rank, y.start.index], "why": why})
         if len(bad) > 3:
             lines.append(f"  ... and {len(bad) - 3} more pairs")
-        self._fail("\n".join(lines))
+        self._fail("\n".join(lines), highlights)
 
     def _explain(self, x: Span, y: Span) -> list[str]:
         if x.end is None:
@@ -436,9 +449,9 @@ class Timeline:
     def to_chrome_trace(self, path: str | os.PathLike[str]) -> str:
         return export.write_chrome_trace(self, path)
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, highlights: list[dict[str, Any]] | None = None) -> None:
         __tracebackhide__ = True
-        raise TimelineAssertionError(message + "\n\n" + self.swimlanes(max_rows=60))
+        raise TimelineAssertionError(message + "\n\n" + self.swimlanes(max_rows=60), highlights)
 
 
 def _at(indices: Sequence[int]) -> str:

@@ -1,0 +1,75 @@
+"""``--ddp-report``: the session's multirank tests on one HTML page, and with pytest-html, the
+same timeline as an extra of each failed multirank test in its ``--html`` report.
+
+A test's view (``htmlreport.multirank_view``) travels on its report (``ddphooks_view``), so it
+reaches the session's main process under xdist and from a special test's interpreter; the
+page is written once, by the process that sees every report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from ..htmlreport import static_svg, write_report
+from .session import DdpSession
+
+VIEW_ATTR = "ddphooks_view"
+VIEW_KEY = pytest.StashKey[dict[str, Any]]()  # a test's view, until its next report carries it
+_SEVERITY = {"passed": 0, "skipped": 1, "xfailed": 1, "failed": 2, "error": 2}
+
+
+class PageHooks:
+    def __init__(self, ddp: DdpSession) -> None:
+        self.ddp = ddp
+        self.path = ddp.settings.report
+        self.views: dict[str, dict[str, Any]] = {}
+        self.order: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        view = getattr(report, VIEW_ATTR, None)
+        if isinstance(view, dict) and report.nodeid not in self.views:
+            self.views[report.nodeid] = view
+            self.order.append(report.nodeid)
+        view = self.views.get(report.nodeid)
+        if view is None:
+            return
+        view["duration"] = float(view.get("duration", 0.0)) + float(report.duration or 0.0)
+        outcome = _outcome(report)
+        if _SEVERITY[outcome] > _SEVERITY.get(view.get("outcome") or "passed", 0) or not view.get("outcome"):
+            view["outcome"] = outcome
+        if report.failed and not view.get("text"):
+            view["text"] = report.longreprtext
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.path or hasattr(session.config, "workerinput"):
+            return  # an xdist worker: the main process writes the page
+        views = [self.views[n] for n in self.order]
+        title = f"pytest-ddphooks: {len(views)} multirank tests"
+        try:
+            write_report(self.path, views, title)
+        except OSError as exc:
+            message = f"--ddp-report: cannot write {self.path}: {type(exc).__name__}: {exc}"
+            session.config.issue_config_time_warning(pytest.PytestWarning(message), stacklevel=2)
+
+
+def _outcome(report: pytest.TestReport) -> str:
+    if report.failed:
+        return "failed" if report.when == "call" else "error"
+    if report.skipped:
+        return "xfailed" if hasattr(report, "wasxfail") else "skipped"
+    return "passed"
+
+
+def attach(item: pytest.Item, report: pytest.TestReport, view: dict[str, Any]) -> None:
+    """Put a test's view on its report; with pytest-html, its timeline as an extra of a failure."""
+    setattr(report, VIEW_ATTR, view)
+    if not report.failed or not item.config.pluginmanager.hasplugin("html"):
+        return
+    with contextlib.suppress(ImportError):
+        from pytest_html import extras  # type: ignore[import-not-found]
+
+        report.extras = [*getattr(report, "extras", []), extras.html(static_svg(view))]

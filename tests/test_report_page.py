@@ -1,0 +1,186 @@
+"""--ddp-report: one self-contained HTML page of the session's multirank tests, checked in a
+real browser (headless Chromium) where one is installed; pytest-html's report carries the
+same timeline for each failed multirank test."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from synth import Sim
+
+from pytest_ddphooks.htmlreport import multirank_view, write_report
+
+SUITE = """
+import time
+import pytest
+import torch.distributed as dist
+
+
+class Trainer:
+    def prepare_data(self):
+        time.sleep(0.01)
+
+    def setup(self):
+        time.sleep(0.005)
+
+
+@pytest.mark.multirank(world_size=2)
+def test_no_barrier(rank, recorder):
+    trainer = recorder.instrument(Trainer())
+    if rank == 0:
+        trainer.prepare_data()
+    trainer.setup()
+    dist.barrier()
+    recorder.timeline().assert_happens_before("prepare_data@0", "setup")
+
+
+@pytest.mark.multirank(world_size=2)
+def test_with_barrier(rank, recorder):
+    trainer = recorder.instrument(Trainer())
+    if rank == 0:
+        trainer.prepare_data()
+    dist.barrier()
+    trainer.setup()
+    recorder.timeline().assert_happens_before("prepare_data@0", "setup")
+
+
+def test_plain():
+    pass
+"""
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-headless-shell")
+    if found is None:
+        pytest.skip("Chromium is not installed here, and ci/setup.sh could not install it")
+    return found
+
+
+def _browser(page: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    profile = page.parent / "chromium-profile"
+    command = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=5000",
+        *args,
+        page.as_uri(),
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+class _Elements(HTMLParser):
+    """Elements of a DOM dump by class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.found.append((tag, {k: v or "" for k, v in attrs}))
+
+    def of_class(self, name: str) -> list[dict[str, str]]:
+        return [a for _, a in self.found if name in a.get("class", "").split()]
+
+
+def _dom(page: Path) -> _Elements:
+    done = _browser(page, "--dump-dom")
+    assert done.returncode == 0, done.stderr[-2000:]
+    parsed = _Elements()
+    parsed.feed(done.stdout)
+    return parsed
+
+
+@pytest.fixture
+def report(pytester: pytest.Pytester) -> Path:
+    pytester.makepyfile(test_suite=SUITE)
+    page = pytester.path / "out" / "report.html"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--ddp-report={page}")
+    result.assert_outcomes(failed=1, passed=2)
+    return page
+
+
+def _embedded(page: Path) -> dict:
+    text = page.read_text()
+    found = re.search(r'<script id="data" type="application/json">(.*?)</script>', text, re.S)
+    assert found is not None
+    return json.loads(found.group(1).replace("<\\/", "</"))
+
+
+def test_the_page_holds_the_sessions_multirank_tests_and_needs_no_network(report: Path) -> None:
+    data = _embedded(report)
+    outcomes = {t["id"]: t["outcome"] for t in data["tests"]}
+    assert outcomes == {"test_suite.py::test_no_barrier": "failed", "test_suite.py::test_with_barrier": "passed"}
+    failed = next(t for t in data["tests"] if t["outcome"] == "failed")
+    assert "'prepare_data@0' does not happen before 'setup'" in failed["text"]
+    assert failed["highlights"] and failed["highlights"][0]["a"][0] == 0 and failed["highlights"][0]["b"][0] == 1
+    assert {lane[0] for lane in failed["timeline"]["lanes"]} == {0, 1}
+    text = report.read_text()
+    assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', text), "nothing is fetched from elsewhere"
+
+
+def test_the_page_renders_lanes_spans_and_the_missing_connection_in_a_browser(report: Path) -> None:
+    dom = _dom(report)
+    failed = [a for a in dom.of_class("test") if "failed" in a["class"].split()]
+    assert [a["data-nodeid"] for a in failed] == ["test_suite.py::test_no_barrier"]
+    lanes = dom.of_class("lane")
+    assert sorted(a["data-rank"] for a in lanes) == ["0", "1"], "a lane per rank of the opened failure"
+    names = {(a["data-rank"], a["data-name"]) for a in dom.of_class("span")}
+    assert {("0", "prepare_data"), ("0", "setup"), ("1", "setup"), ("0", "dist.barrier")} <= names
+    hot = {(a["data-rank"], a["data-name"]) for a in dom.of_class("highlight")}
+    assert hot == {("0", "prepare_data"), ("1", "setup")}
+    assert dom.of_class("missing-sync"), "the missing connection is drawn"
+    assert dom.of_class("coll"), "the barrier joins the lanes"
+    shot = report.parent / "shot.png"
+    done = _browser(report, f"--screenshot={shot}")
+    assert done.returncode == 0 and shot.stat().st_size > 10_000
+
+
+def test_a_timeline_of_8_ranks_and_10000_events_each_draws_only_what_is_visible(tmp_path: Path) -> None:
+    sim = Sim(8)
+    for step in range(2500):
+        for rank in range(8):
+            sim.call(rank, f"step_{step % 7}")
+        sim.coll("all_reduce")
+    timeline = sim.timeline()
+    assert len(timeline.for_rank(0)) >= 10_000
+    view = multirank_view("test_big.py::test_big", timeline, world_size=8)
+    view["outcome"] = "failed"
+    page = tmp_path / "big.html"
+    write_report(str(page), [view], "big")
+    dom = _dom(page)
+    assert len(dom.of_class("lane")) == 8
+    drawn = len(dom.of_class("span"))
+    assert 0 < drawn <= 8 * 4000, "drawn, and not every one of the 100,000 spans at once"
+
+
+def test_an_unwritable_report_path_keeps_the_outcomes_and_warns(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--ddp-report={blocked}/report.html")
+    result.assert_outcomes(failed=1, passed=2, warnings=1)
+    result.stdout.fnmatch_lines([f"*PytestWarning: --ddp-report: cannot write {blocked}/report.html: *"])
+
+
+def test_pytest_html_reports_carry_the_timeline_of_failed_multirank_tests(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("pytest_html", reason="pytest-html is installed with the test extras")
+    pytester.makepyfile(test_suite=SUITE)
+    page = pytester.path / "pytest-html.html"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--html={page}", "--self-contained-html")
+    result.assert_outcomes(failed=1, passed=2)
+    text = page.read_text()
+    assert text.count("ddphooks-timeline") == 1, "the failed multirank test, and only it"

@@ -23,6 +23,8 @@ class Job:
     payload: bytes = b""  # opaque to the launcher; the rank body decodes it
     group_timeout: float = 0.0  # the process group's own timeout; 0 derives it from timeout
     live_output: str | None = None  # where each rank's lines go as they are printed (-s)
+    post_mortem: bool = False  # --pdb: a failing rank opens pdb on its traceback
+    pdb_rank: int | None = None  # --ddp-pdb-rank: only this rank does
 
     @property
     def local_world_size(self) -> int:

@@ -29,6 +29,7 @@ from .. import blobs, coverage_relay, singletons
 from ..recorder import Recorder
 from ..report import RankResult
 from . import procs, protocol, rendezvous
+from .debugger import RankDebugger
 from .job import Job
 from .output import RankOutput
 
@@ -48,6 +49,7 @@ class RankContext:
     recorder: Recorder
     store: Any  # the run's own key-value store (a PrefixStore), for the harness
     notes: int = -1  # the write end of the run's note pipe
+    debugger: RankDebugger | None = None  # lends this rank the pytest process's terminal
 
     def note(self, phase: str, status: str) -> None:
         """Tell the pytest process (through the fork server) that this rank reached ``phase``."""
@@ -177,8 +179,14 @@ def _answer_asks(path: str, recorder: Recorder) -> None:
     threading.Thread(target=serve, name="ddphooks-native", daemon=True).start()
 
 
+DEBUGGING_GROUP_TIMEOUT = 24 * 3600.0
+
+
 def group_timeout(job: Job) -> float:
-    # longer than the test's limit, so the watchdog diagnoses a hang before gloo gives up
+    # longer than the test's limit, so the watchdog diagnoses a hang before gloo gives up;
+    # under --pdb the peers of a rank being debugged must wait as long as the person does
+    if job.post_mortem:
+        return DEBUGGING_GROUP_TIMEOUT
     return job.group_timeout or job.timeout + 60.0
 
 
@@ -208,7 +216,10 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
         if job.init_process_group:
             _init_group(job, rank, raw_store, limit)
         local = job.local_world_size
-        ctx = RankContext(job, rank, job.world_size, rank % local, local, rank // local, recorder, store, notes)
+        debugger = RankDebugger(job.path(rank, "debug"), rank, lambda path: note(notes, rank, "debug", path))
+        ctx = RankContext(
+            job, rank, job.world_size, rank % local, local, rank // local, recorder, store, notes, debugger
+        )
         result = body(ctx)
         recorder.read_native()
         recorder.write_final_counters()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 
 from ..files import read_text
 from ..progress import RankProgress
@@ -38,9 +39,19 @@ STALL_SETTLE_SECONDS = 0.1
 
 
 class RunWatch:
-    def __init__(self, launcher: Launcher, job: Job, *, grace: float = 1.0, poll: float = POLL_SECONDS) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        job: Job,
+        *,
+        grace: float = 1.0,
+        poll: float = POLL_SECONDS,
+        lend_terminal: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.launcher = launcher
         self.job = job
+        # a rank wants a debugger (rank, the socket it listens on): the terminal is lent to it
+        self.lend_terminal = lend_terminal
         self.grace = grace
         self.poll = poll
         self.report = RunReport(job.world_size, job.timeout)
@@ -102,7 +113,16 @@ class RunWatch:
             self._look()
 
     def _on_note(self, note: protocol.Noted) -> None:
-        if note.phase == "setup" and note.status == "ok":
+        if note.phase == "debug" and self.lend_terminal is not None:
+            began = time.monotonic()
+            self.lend_terminal(note.rank, note.status)
+            # the time a person spent in the debugger is not the test's
+            spent = time.monotonic() - began
+            self._deadline += spent
+            self._next_poll += spent
+            if self._failed_at is not None:
+                self._failed_at += spent
+        elif note.phase == "setup" and note.status == "ok":
             self.setup_done.add(note.rank)
         elif note.phase == "done":
             self.finished[note.rank] = note.status

@@ -14,6 +14,7 @@ import itertools
 import os
 import pickle
 import re
+import sys
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 
 from ..failure import RunFailure, Verdict, classify, render
 from ..htmlreport import multirank_view
+from ..launch import debugger
 from ..launch.job import Job
 from ..launch.run import RunWatch
 from ..leaks import Leak
@@ -143,8 +145,10 @@ class MultirankHooks:
             cwd=os.getcwd(),
             payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL),
             live_output=f"/proc/{os.getpid()}/fd/1" if self._live else None,
+            post_mortem=self.ddp.settings.post_mortem,
+            pdb_rank=self.ddp.settings.pdb_rank,
         )
-        active.watch = RunWatch(launcher, active.job)
+        active.watch = RunWatch(launcher, active.job, lend_terminal=self._lend_terminal)
         active.watch.start()
         active.watch.wait_setup()
         if active.watch.over:
@@ -169,8 +173,27 @@ class MultirankHooks:
         if active.unsendable is not None:
             raise fail_with(active.unsendable)
         verdict = active.verdict or self._finish(pyfuncitem, active)
-        raise_verdict(verdict)
+        raise_verdict(verdict, debugging=self.ddp.settings.post_mortem)
         return True
+
+    def _lend_terminal(self, rank: int, path: str) -> None:
+        """A rank wants a debugger: give it this process's terminal until it is done."""
+        capman = self.config.pluginmanager.getplugin("capturemanager")
+        if capman is not None:
+            capman.suspend_global_capture(in_=True)
+        try:
+            if hasattr(self.config, "workerinput"):
+                debugger.refuse(path)  # an xdist worker has no terminal
+                return
+            writer = self.config.get_terminal_writer()
+            writer.line()
+            writer.sep(">", f"rank {rank} has the terminal")
+            debugger.relay(path, sys.stdin, sys.stdout)
+            writer.line()
+            writer.sep("<", f"rank {rank} gave the terminal back")
+        finally:
+            if capman is not None:
+                capman.resume_global_capture()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:

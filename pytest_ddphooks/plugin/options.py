@@ -64,6 +64,12 @@ OPTIONS = (
         metavar="PATH.html",
     ),
     Option(
+        "ddp_pdb_rank",
+        "--ddp-pdb-rank",
+        "with --pdb: the rank whose failure opens the debugger (default: the first rank to fail)",
+        metavar="K",
+    ),
+    Option(
         "ddp_preload",
         "",
         "modules the rank launcher imports before it forks ranks, one per line (torch and"

@@ -8,10 +8,12 @@ so the rank's report reads exactly like pytest's: assertion introspection, ``--t
 
 from __future__ import annotations
 
+import bdb
 import contextlib
 import io
 import os
 import pickle
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -140,16 +142,41 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
         item.funcargs = fixtures.arguments()
         ctx.note("setup", "ok")
         phase = "call"
+        _lend_breakpoints(ctx)
         item.ihook.pytest_pyfunc_call(pyfuncitem=item)
     except BaseException as exc:
         error = exc
         if phase != "call":
             ctx.note("setup", "failed")
+        elif _wants_post_mortem(ctx, exc):
+            assert ctx.debugger is not None
+            ctx.debugger.post_mortem(exc)
     teardown_errors = fixtures.teardown() if fixtures is not None else []
     elapsed = time.monotonic() - started
     if error is None and teardown_errors:
         error, phase = teardown_errors[0], "teardown"
     return outcome_of(item, ctx.rank, error, phase, elapsed, payload.markup)
+
+
+def _lend_breakpoints(ctx: RankContext) -> None:
+    """``breakpoint()`` in the body opens pdb on the pytest process's terminal."""
+    debugger = ctx.debugger
+    if debugger is not None and not os.environ.get("PYTHONBREAKPOINT"):
+        sys.breakpointhook = lambda *args, **kwargs: debugger.set_trace(sys._getframe(1))
+
+
+def _wants_post_mortem(ctx: RankContext, exc: BaseException) -> bool:
+    """Under --pdb: the chosen rank (--ddp-pdb-rank), else the first rank whose body failed."""
+    job = ctx.job
+    if not job.post_mortem or ctx.debugger is None or isinstance(exc, (Skipped, XFailed, Exit, bdb.BdbQuit)):
+        return False
+    if job.pdb_rank is not None:
+        return ctx.rank == job.pdb_rank
+    try:
+        os.close(os.open(os.path.join(job.run_dir, "pdb.first"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def outcome_of(

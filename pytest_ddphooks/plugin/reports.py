@@ -4,6 +4,7 @@ rank's skip, and warnings raised in other processes."""
 
 from __future__ import annotations
 
+import bdb
 import warnings
 from collections.abc import Generator
 
@@ -37,6 +38,11 @@ class MultirankFailed(Exception):
         )
 
 
+class DebuggedMultirankFailed(MultirankFailed, bdb.BdbQuit):
+    """A multirank failure under --pdb: a rank had the debugger already, and pytest's own
+    would only show this plugin's frames."""
+
+
 class RankSkipped(Skipped):
     """Every rank (or some, the rest passing) skipped; reported where the rank skipped."""
 
@@ -50,10 +56,10 @@ def fail_with(text: str, message: str | None = None) -> MultirankFailed:
     return MultirankFailed(Rendered(message or text.splitlines()[0], text))
 
 
-def raise_verdict(verdict: Verdict) -> None:
+def raise_verdict(verdict: Verdict, debugging: bool = False) -> None:
     """End the test's call phase as the merged verdict of its ranks says."""
     if verdict.outcome == "failed" and verdict.failure is not None:
-        raise MultirankFailed(render(verdict.failure))
+        raise (DebuggedMultirankFailed if debugging else MultirankFailed)(render(verdict.failure))
     if verdict.outcome == "xfailed":
         pytest.xfail(verdict.message)
     if verdict.outcome == "skipped":

@@ -24,6 +24,8 @@ class Settings:
     leaks_allow: Allowlist = field(default_factory=lambda: Allowlist(singletons=True))
     trace_dir: str | None = None
     report: str | None = None  # the HTML page of the session's multirank tests
+    post_mortem: bool = False  # --pdb: a failing rank opens pdb on its traceback
+    pdb_rank: int | None = None  # only this rank does
     preload: tuple[str, ...] = ()
     spmd: bool = False  # the session runs on ranks torchrun launched
     plain_tests_everywhere: bool = False
@@ -37,6 +39,8 @@ class Settings:
             leaks_allow=_allowlist(config),
             trace_dir=_value(config, "ddp_trace_dir")[0] or None,
             report=_value(config, "ddp_report")[0] or None,
+            post_mortem=bool(getattr(config.option, "usepdb", False)),
+            pdb_rank=_pdb_rank(config),
             preload=tuple(config.getini("ddp_preload")),
             spmd=_spmd_mode(config),
             plain_tests_everywhere=_choice(config, "ddp_plain_tests", ("rank0", "all")) == "all",
@@ -81,6 +85,15 @@ def _timeout(config: pytest.Config) -> float:
     if not math.isfinite(value) or value <= 0 or value > MAX_SECONDS:
         raise pytest.UsageError(f"{where}: the time limit must be a number of seconds > 0 and <= {MAX_SECONDS:g}")
     return value
+
+
+def _pdb_rank(config: pytest.Config) -> int | None:
+    raw, where = _value(config, "ddp_pdb_rank")
+    if raw in (None, ""):
+        return None
+    if not str(raw).strip().isdigit():
+        raise pytest.UsageError(f"{where}: a rank is a number >= 0")
+    return int(str(raw).strip())
 
 
 def _allowlist(config: pytest.Config) -> Allowlist:

@@ -1,0 +1,156 @@
+"""A debugger in a rank, on the pytest process's terminal.
+
+A rank has no terminal: when it wants one (a post-mortem after its body failed under
+``--pdb``, or ``breakpoint()``), it listens on a Unix socket of its run's folder and notes
+``debug`` through the fork server. The pytest process then connects and relays the terminal
+(``relay``): pdb's output to the screen, the user's lines to pdb, until the rank closes the
+connection. Meanwhile the run's time limit stands still; the other ranks wait where they are
+(in a collective with the debugged rank, most likely).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pdb
+import select
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import IO, Any
+
+ACCEPT_SECONDS = 30.0  # a debugger nobody comes to is given up: the rank goes on
+
+
+class _Terminal:
+    """A line-based stream over the relay's socket, as pdb's stdin and stdout."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.reader: IO[str] = sock.makefile("r", encoding="utf-8", errors="replace")
+        self.writer: IO[str] = sock.makefile("w", encoding="utf-8", errors="replace")
+
+    def close(self) -> None:
+        for stream in (self.writer, self.reader):
+            with contextlib.suppress(OSError, ValueError):
+                stream.close()
+
+
+class RankDebugger:
+    """Opens pdb on the terminal the pytest process lends; one session at a time."""
+
+    def __init__(self, path: str, rank: int, ask: Callable[[str], None]) -> None:
+        self.path = path  # the socket the pytest process connects to
+        self.rank = rank
+        self._ask = ask  # notes the pytest process that this rank wants the terminal
+
+    def _connect(self) -> tuple[socket.socket, _Terminal] | None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(self.path)
+            listener.listen(1)
+            listener.settimeout(ACCEPT_SECONDS)
+            self._ask(self.path)
+            conn, _ = listener.accept()
+        except OSError:
+            return None
+        finally:
+            listener.close()
+        conn.settimeout(None)
+        return conn, _Terminal(conn)
+
+    def post_mortem(self, exc: BaseException) -> bool:
+        """pdb on a failure's traceback; returns whether a terminal was lent."""
+        connected = self._connect()
+        if connected is None:
+            return False
+        conn, term = connected
+        try:
+            term.writer.write(f"\n>>> rank {self.rank}: post-mortem of its failure (q ends the test) >>>\n")
+            term.writer.write("".join(traceback.format_exception_only(type(exc), exc)))
+            term.writer.flush()
+            debugger = pdb.Pdb(stdin=term.reader, stdout=term.writer)
+            debugger.use_rawinput = False
+            debugger.reset()
+            tb: TracebackType | None = exc.__traceback__
+            debugger.interaction(None, tb)
+        except Exception:
+            pass  # a lost terminal ends the session; the failure is reported as ever
+        finally:
+            term.close()
+            conn.close()
+        return True
+
+    def set_trace(self, frame: FrameType | None = None) -> None:
+        """``breakpoint()``: pdb from the caller's frame; continuing or quitting gives the
+        terminal back."""
+        connected = self._connect()
+        if connected is None:
+            return
+        conn, term = connected
+        term.writer.write(f"\n>>> rank {self.rank}: breakpoint (c continues, q ends the test) >>>\n")
+        term.writer.flush()
+        debugger = _Lent(term, conn)
+        debugger.set_trace(frame or sys._getframe().f_back)
+
+
+class _Lent(pdb.Pdb):
+    """pdb that hands the terminal back once the user lets the program run again."""
+
+    def __init__(self, term: _Terminal, conn: socket.socket) -> None:
+        super().__init__(stdin=term.reader, stdout=term.writer)
+        self.use_rawinput = False
+        self._term, self._conn = term, conn
+
+    def _give_back(self) -> None:
+        self._term.close()
+        with contextlib.suppress(OSError):
+            self._conn.close()
+
+    def set_continue(self) -> None:
+        super().set_continue()
+        self._give_back()
+
+    def set_quit(self) -> None:
+        super().set_quit()
+        self._give_back()
+
+
+def relay(path: str, stdin: IO[str], stdout: IO[str]) -> None:
+    """The pytest process's side: lend the terminal to the rank listening at ``path`` until
+    it closes the connection."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        return
+    try:
+        inputs: list[Any] = [sock, stdin]
+        while True:
+            readable, _, _ = select.select(inputs, [], [])
+            if sock in readable:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                stdout.write(data.decode("utf-8", errors="replace"))
+                stdout.flush()
+            if stdin in readable:
+                line = stdin.readline()
+                if not line:  # the terminal closed: end the session as pdb's "q" would
+                    line = "q\n"
+                    inputs.remove(stdin)
+                sock.sendall(line.encode())
+    except OSError:
+        return
+    finally:
+        sock.close()
+
+
+def refuse(path: str) -> None:
+    """No terminal to lend: the rank's pdb reads the end of its input, as at a closed terminal."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)

@@ -52,17 +52,56 @@ def child_config(folder: str) -> str | None:
     return str(config.serialize())
 
 
+def stop_inherited() -> None:
+    """In a freshly forked rank: stop the measurement inherited from the parent (its data is
+    the parent's, never written from here)."""
+    cov = measuring()
+    if cov is not None:
+        with contextlib.suppress(Exception):
+            cov._auto_save = False
+            cov.stop()
+
+
+_prepared: Any | None = None  # made ready once in the fork server: each rank only starts it
+
+
+def prepare(config: str) -> None:
+    """In the fork server: a measurement with the ranks' configuration, set up once (finding
+    what to measure is most of the cost of starting one); each rank forked from here starts
+    it and writes its own data file (coverage's data notices the fork)."""
+    global _prepared
+    if _coverage() is None:
+        return
+    import coverage
+
+    try:
+        cov = coverage.Coverage(config_file=coverage.control.CONFIG_DATA_PREFIX + config)
+        patches = list(getattr(cov.config, "patch", []))
+        if patches:
+            cov.config.patch = []  # patched in the rank, where it measures, not here
+        for quiet in ("_warn_no_data", "_warn_unimported_source", "_warn_preimported_source"):
+            setattr(cov, quiet, False)
+        cov._auto_save = False
+        cov.start()
+        cov.stop()
+        if patches:
+            cov.config.patch = patches
+    except Exception:
+        return  # ranks start their own, the slower way
+    _prepared = cov
+
+
 def start_in_rank() -> Any | None:
-    """In a freshly forked rank: stop what was inherited, measure this rank on its own."""
+    """Measure the rank's test on its own (its body and its fixtures: what the test runs)."""
     if ENV not in os.environ or _coverage() is None:
         return None
     import coverage
 
-    inherited = coverage.Coverage.current()
-    if inherited is not None:
+    stop_inherited()
+    if _prepared is not None:
         with contextlib.suppress(Exception):
-            inherited._auto_save = False  # its data is the parent's: never written from here
-            inherited.stop()
+            _prepared.start()
+            return _prepared
     try:
         return coverage.process_startup(force=True)
     except TypeError:  # a coverage older than 7.10

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import coverage_relay
 from ..report import RankExit
 from . import procs, protocol, rendezvous
 from .job import Job
@@ -73,6 +74,12 @@ class ForkServer:
         from ..recorder import distpatch
 
         distpatch.install()
+
+    def measure_ranks(self, coverage_config: str | None) -> None:
+        """The session measures coverage: not this server's own code, each rank's test."""
+        coverage_relay.stop_inherited()
+        if coverage_config is not None:
+            coverage_relay.prepare(coverage_config)
 
     def _isolate_descriptors(self, log_path: str | None) -> None:
         """Point every inherited descriptor at /dev/null (pipes of xdist, pytest's capture).

@@ -24,10 +24,12 @@ class Launcher:
         body_factory: BodyFactory,
         preload: tuple[str, ...] = ("torch", "torch.distributed"),
         log_path: str | None = None,
+        coverage_config: str | None = None,
     ) -> None:
         self._body_factory = body_factory
         self._preload = preload
         self._log_path = log_path
+        self._coverage_config = coverage_config
         self._sock: socket.socket | None = None
         self.pid = 0
         self._pending: list[Any] = []
@@ -40,7 +42,9 @@ class Launcher:
             code = 0
             try:
                 ours.close()
-                ForkServer(theirs, self._body_factory, self._preload, parent, self._log_path).serve()
+                server = ForkServer(theirs, self._body_factory, self._preload, parent, self._log_path)
+                server.measure_ranks(self._coverage_config)
+                server.serve()
             except BaseException:
                 code = 1
             finally:

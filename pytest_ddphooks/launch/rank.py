@@ -194,14 +194,13 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
     started = time.monotonic()
     procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
     store = None
-    measured = None
     output: RankOutput | None = None
     result: RankResult
     try:
         output = _redirect_output(job, rank)
         _arm_stack_dumps(job, rank, output.crash_fd)
         _apply_env(job, rank, port)
-        measured = coverage_relay.start_in_rank()
+        coverage_relay.stop_inherited()  # the harness setting the rank up is not the test's code
         recorder = Recorder(rank, job.world_size, event_file=job.path(rank, "events"))
         limit = group_timeout(job)
         raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
@@ -220,7 +219,11 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
         ctx = RankContext(
             job, rank, job.world_size, rank % local, local, rank // local, recorder, store, notes, debugger
         )
-        result = body(ctx)
+        measured = coverage_relay.start_in_rank()
+        try:
+            result = body(ctx)
+        finally:
+            coverage_relay.save(measured)
         recorder.read_native()
         recorder.write_final_counters()
     except BaseException as exc:
@@ -240,7 +243,6 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
             stream.flush()
     if output is not None:
         output.finish()
-    coverage_relay.save(measured)
     result.write(job.path(rank, "result"))
     note(notes, rank, "done", result.outcome)
     # from here on the rank only takes its leave: nothing it prints is the test's output

@@ -69,6 +69,7 @@ class DdpSession:
             self.launcher = Launcher(
                 lambda job: lambda ctx: rankbody.run_in_rank(job, ctx),
                 log_path=os.path.join(self.folder(), "launcher.log"),
+                coverage_config=self.child_env().get(coverage_relay.ENV),
             )
             self.launcher.start()
         return self.launcher

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -316,60 +317,86 @@ def test_fsdp_steps(rank, recorder):
 """
 
 
+def median_ci(values: list[float]) -> tuple[float, float, float]:
+    """The median and a 95% confidence interval of it (order statistics, binomial approximation)."""
+    data = sorted(values)
+    n = len(data)
+    k = max(0, int((n - 1.96 * math.sqrt(n)) / 2))
+    return statistics.median(data), data[k], data[n - 1 - k]
+
+
+# the three clocks of FSDP_STEPS, by their index in each block's [wall, cpu, own] triple
+CLOCKS = {"process CPU": 1, "main-thread CPU": 2, "wall": 0}
+
+
+@dataclass
+class Figure:
+    """One ratio of FSDP_STEPS, less 1: per rank, the median over blocks of (mode / unrecorded);
+    ``worse`` is the higher rank's, with its confidence interval."""
+
+    per_rank: list[float]
+    low: float
+    high: float
+
+    @property
+    def worse(self) -> float:
+        return max(self.per_rank)
+
+    def cell(self) -> str:
+        ranks = " / ".join(f"{v * 100:+.1f}%" for v in self.per_rank)
+        return f"{self.worse * 100:+.1f}% (95% CI {self.low * 100:+.1f}..{self.high * 100:+.1f}; ranks {ranks})"
+
+
 @dataclass
 class FsdpRun:
-    """One inner session of FSDP_STEPS: per rank, the median over blocks of each ratio."""
+    """One inner session of FSDP_STEPS."""
 
-    cpu: float  # recorded / unrecorded CPU time per step, less 1: the worse rank's median
-    wall: float  # the same for wall time
-    busy_cpu: float  # the control (busy work instead of recording) / unrecorded, CPU
-    busy_wall: float  # the same, wall
-    busy_cpu_expected: float  # the busy work itself, as a share of an unrecorded step's CPU
-    cpu_ms: float  # an unrecorded step's CPU time (median, the busier rank)
-    wall_ms: float  # an unrecorded step's wall time (median, the slower rank)
-    cpu_per_rank: list[float]  # each rank's median CPU ratio, less 1
-    cpu_spread: tuple[float, float]  # the worse rank's interquartile range of block CPU ratios, less 1
+    recorded: dict[str, Figure]  # clock -> recorded / unrecorded
+    control: dict[str, Figure]  # clock -> busy work instead of recording / unrecorded
+    unrecorded: dict[str, float]  # clock -> seconds per unrecorded step (median of blocks, the higher rank)
     calls_per_step: float  # recorded calls per step (two events each)
-    wrapped_per_step: float
-    recorded_us_per_step: float  # the CPU the recording added per step (worse rank), microseconds
+    wrapped_per_step: float  # all-gathers and reduce-scatters per step (where the control spins)
+    blocks: int
+    per_block: int
+    busy_us: float
+    seconds: float
 
+    def added_us(self, clock: str) -> float:
+        """What recording added to a step, in microseconds of ``clock`` (worse rank)."""
+        return self.recorded[clock].worse * self.unrecorded[clock] * 1e6
 
-def _quartiles(values: list[float]) -> tuple[float, float]:
-    q = statistics.quantiles(values, n=4)
-    return q[0], q[2]
+    def control_expected(self, clock: str) -> float:
+        """The busy work's own share of an unrecorded step on ``clock``."""
+        return self.busy_us * 1e-6 * self.wrapped_per_step / self.unrecorded[clock]
 
 
 def fsdp_step_overhead(blocks: int, per_block: int, busy_us: float, warmup: int = 20) -> FsdpRun:
     """Alternating blocks of FSDP2 training steps on 2 ranks: recorded, not recorded, and with
     ``busy_us`` of plain busy work before each all-gather / reduce-scatter instead of recording
     (recording switched on and off inside the ranks, so launching them is not part of it).
-    Per rank, the median over blocks of each block's ratio to its unrecorded steps, of CPU time
-    (the rank process, every thread) and of wall time; the worse rank's."""
+    Per rank and clock, the median over blocks of each block's ratio to its unrecorded steps."""
     source = FSDP_STEPS.format(blocks=blocks, per_block=per_block, busy_us=busy_us, warmup=warmup)
+    started = time.perf_counter()
     rows = _inner_session(source, "FSDP", 2)
-    per_rank = [json.loads(r[1]) for r in rows]
+    seconds = time.perf_counter() - started
+    data = [json.loads(r[1]) for r in sorted(rows, key=lambda r: int(r[0]))]
 
-    def ratios(data: dict[str, Any], mode: str, i: int) -> list[float]:
-        return [b[mode][i] / b["off"][i] - 1 for b in data["blocks"]]
+    def figure(mode: str, i: int) -> Figure:
+        per_rank = [[b[mode][i] / b["off"][i] - 1 for b in d["blocks"]] for d in data]
+        medians = [median_ci(r) for r in per_rank]
+        worse = max(range(len(medians)), key=lambda r: medians[r][0])
+        return Figure([m[0] for m in medians], medians[worse][1], medians[worse][2])
 
-    cpu = [median(ratios(d, "on", 1)) for d in per_rank]
-    worse = max(range(len(per_rank)), key=lambda r: cpu[r])
-    off_cpu = [median(b["off"][1] for b in d["blocks"]) for d in per_rank]
-    off_wall = [median(b["off"][0] for b in d["blocks"]) for d in per_rank]
-    wrapped = per_rank[0]["wrapped_per_step"]
     return FsdpRun(
-        cpu=cpu[worse],
-        wall=max(median(ratios(d, "on", 0)) for d in per_rank),
-        busy_cpu=max(median(ratios(d, "busy", 1)) for d in per_rank),
-        busy_wall=max(median(ratios(d, "busy", 0)) for d in per_rank),
-        busy_cpu_expected=busy_us * 1e-6 * wrapped / max(off_cpu),
-        cpu_ms=max(off_cpu) * 1e3,
-        wall_ms=max(off_wall) * 1e3,
-        cpu_per_rank=cpu,
-        cpu_spread=_quartiles(ratios(per_rank[worse], "on", 1)),
-        calls_per_step=per_rank[0]["calls_per_step"],
-        wrapped_per_step=wrapped,
-        recorded_us_per_step=cpu[worse] * off_cpu[worse] * 1e6,
+        recorded={clock: figure("on", i) for clock, i in CLOCKS.items()},
+        control={clock: figure("busy", i) for clock, i in CLOCKS.items()},
+        unrecorded={clock: max(median(b["off"][i] for b in d["blocks"]) for d in data) for clock, i in CLOCKS.items()},
+        calls_per_step=data[0]["calls_per_step"],
+        wrapped_per_step=data[0]["wrapped_per_step"],
+        blocks=blocks,
+        per_block=per_block,
+        busy_us=busy_us,
+        seconds=seconds,
     )
 
 

@@ -12,5 +12,9 @@ class LeakWarning(DdpHooksWarning):
     (``--ddp-leaks=warn``, or in a session a launcher started as another rank)."""
 
 
-for _cls in (DdpHooksWarning, LeakWarning):
+class InjectedFault(Exception):
+    """Raised in a rank by ``faults.raise_(...)`` at the point it names."""
+
+
+for _cls in (DdpHooksWarning, LeakWarning, InjectedFault):
     _cls.__module__ = "pytest_ddphooks"  # how reports name them: where users import them

@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from .faults import parse_point
 from .recorder import collectives, events
 from .recorder.clocks import collective_key
 from .recorder.timeline import Mismatch, Span, Timeline
@@ -28,6 +29,7 @@ HANG = "hang"  # stopped at the time limit
 STALL = "stall"  # stopped early: waiting for ranks that had finished
 DEATH = "death"  # a rank process died
 FAILURE = "failure"  # a rank's test failed
+UNFIRED = "unfired"  # an injected fault's point was never reached: the test tested nothing
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Blocked:
     no_group: bool = False  # called before any process group existed
     missing: tuple[int, ...] = ()  # members that never entered it
     native: str = ""  # issued from native code (its operator), which waits for it unseen
+    future: bool = False  # its completion was handed to a future, waited for unseen
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class RankState:
     frame: Frame | None = None  # the innermost line of user code it was at
     exit: RankExit | None = None
     last: str = ""  # its last recorded event, for a rank that cannot show its stack
+    injected: str = ""  # "killed by the injected fault kill(at=...) at event #14"
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,12 @@ class RunFailure:
     main_threads: dict[int, int] = field(default_factory=dict)  # rank -> ident of its main thread
     timeline: Timeline | None = None  # drawn as swimlanes when it tells where ranks were
     trace: str | None = None  # where the timeline was written as a Chrome trace
+    injections: list[str] = field(default_factory=list)  # what injected faults did, a line each
+    unfired: list[str] = field(default_factory=list)  # faults whose point was never reached
+    after_fault: str = ""  # "the injected SIGKILL of rank 1": what a hang came after
+    attempts: list[str] = field(default_factory=list)  # how each earlier attempt ended (restarts)
+    schedule: list[str] = field(default_factory=list)  # the schedule it failed under (--ddp-explore)
+    holds: list[str] = field(default_factory=list)  # where that schedule held which rank
 
 
 @dataclass
@@ -129,15 +139,16 @@ def _open_collective(spans: list[Span]) -> Span | None:
     return None
 
 
-def _native_wait(timeline: Timeline, rank: int) -> Span | None:
-    """The collective native code issued last on the main thread, when nothing was recorded
-    there after it: native code is most likely waiting for it."""
+def _unseen_wait(timeline: Timeline, rank: int) -> Span | None:
+    """The collective native code issued, or whose completion was handed to a future, last on
+    the main thread, when nothing was recorded there after it: it is most likely being waited
+    for out of sight (in C++, by DDP's reducer)."""
     main = [e for e in timeline.for_rank(rank) if e.lane == 0]
-    if not main or main[-1].kind != events.COLLECTIVE or main[-1].phase != events.END:
+    if not main or main[-1].kind not in (events.COLLECTIVE, events.WAIT) or main[-1].phase != events.END:
         return None
     last = main[-1]
     start = next((e for e in reversed(main) if e.call_id == last.call_id and e.phase == events.START), None)
-    if start is None or not start.info.get("native"):
+    if start is None or not (start.info.get("native") or start.info.get("future")):
         return None
     return Span(rank, start.name, start.kind, start, last)
 
@@ -164,7 +175,16 @@ def _blocked(span: Span, timeline: Timeline, now_ns: int) -> Blocked:
         missing = tuple(m for m in inst.members if m not in inst.starts)
     seq = info.get("seq")
     native = str(info.get("native") or "")
-    return Blocked(op, None if seq is None else int(seq), label, waited, in_wait, missing=missing, native=native)
+    return Blocked(
+        op,
+        None if seq is None else int(seq),
+        label,
+        waited,
+        in_wait,
+        missing=missing,
+        native=native,
+        future=bool(info.get("future")),
+    )
 
 
 def rank_state(report: RunReport, rank: int) -> RankState:
@@ -172,15 +192,16 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     frozen, or running; with the calls it was inside and the line of user code."""
     result = report.results.get(rank)
     reason = report.stopped.get(rank, "")
+    injected = injection_words(report, rank)
     if result is not None:
         return RankState(rank, "finished", result.outcome, waited=rank in report.stopped, reason=reason)
     if rank not in report.stopped:
-        return RankState(rank, "died", exit=report.exits.get(rank))
+        return RankState(rank, "died", exit=report.exits.get(rank), injected=injected)
     timeline = report.timeline
     spans = timeline.open_spans(rank) if timeline is not None else []
     span = _open_collective(spans)
     if span is None and timeline is not None:
-        span = _native_wait(timeline, rank)
+        span = _unseen_wait(timeline, rank)
     blocked = _blocked(span, timeline, report.stopped_at_ns) if span is not None and timeline is not None else None
     stacks = report.stacks.get(rank)
     stack = stacks.main(report.thread_idents.get((rank, 0))) if stacks is not None else None
@@ -190,7 +211,60 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     if state == "frozen" and timeline is not None:
         seen = timeline.for_rank(rank)
         last = seen[-1].describe() if seen else "nothing recorded"
-    return RankState(rank, state, reason=reason, hooks=_hooks(spans), blocked=blocked, frame=frame, last=last)
+    return RankState(
+        rank, state, reason=reason, hooks=_hooks(spans), blocked=blocked, frame=frame, last=last, injected=injected
+    )
+
+
+_DONE_BY = {"kill": "killed by", "stop": "stopped by", "delay": "delayed by", "raise": "made to raise by"}
+
+
+def _event_of(report: RunReport, rank: int, info: dict[str, object]) -> int | None:
+    """The index of the event an injected fault acted at."""
+    if report.timeline is None:
+        return None
+    for e in report.timeline.for_rank(rank):
+        if e.call_id == info.get("call_id") and e.phase == info.get("phase"):
+            return e.index
+    return None
+
+
+def injection_words(report: RunReport, rank: int) -> str:
+    """``killed by the injected fault kill(at='dist.all_reduce#2') at event #14``"""
+    fired = report.fired.get(rank)
+    if not fired:
+        return ""
+    info = fired[-1]
+    index = _event_of(report, rank, info)
+    where = f" at event #{index}" if index is not None else ""
+    return f"{_DONE_BY.get(str(info.get('action')), 'hit by')} the injected fault {info.get('fault')}{where}"
+
+
+def _calls_of(report: RunReport, rank: int, at: str) -> str:
+    """How often the rank reached what a point counts: ``rank 1 made 1 all_reduce call``."""
+    point = parse_point(at)
+    found = report.timeline.for_rank(rank) if report.timeline is not None else []
+    n = sum(1 for e in found if point.matches(e.kind, e.phase, e.name))
+    if point.name.startswith("dist.") and point.phase == "start":
+        op = point.name.removeprefix("dist.")
+        return f"rank {rank} made {n} {op} call{'' if n == 1 else 's'}"
+    what = {"start": "started", "end": "ended", "point": "marked"}[point.phase]
+    return f"rank {rank} {what} {point.name!r} {n} time{'' if n == 1 else 's'}"
+
+
+def _unfired(report: RunReport) -> list[str]:
+    """Faults armed on a rank that finished the test without reaching their point."""
+    out = []
+    for rank, armed in sorted(report.armed.items()):
+        if rank not in report.results:
+            continue  # it did not finish: whatever ended it is the story
+        fired = {info.get("fault") for info in report.fired.get(rank, [])}
+        for info in armed:
+            if info.get("call") not in fired:
+                out.append(
+                    f"injected fault {info.get('fault')} never fired: {_calls_of(report, rank, str(info['at']))}"
+                )
+    return out
 
 
 def _tail(text: str, lines: int = 25) -> tuple[str, ...]:
@@ -238,6 +312,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None) -> Verdict:
             how = "failed" if r in primary else "consequence"
             after = None if how == "failed" else report.first_failure
             failures.append(RankFailure(r, how, report.results[r], report.exits.get(r), after))
+    unfired = _unfired(report)
     if mismatches:
         cause = DESYNC
     elif report.timed_out or report.desynced:
@@ -248,6 +323,8 @@ def classify(report: RunReport, setup_done: set[int] | None = None) -> Verdict:
         cause = DEATH
     elif failed:
         cause = FAILURE
+    elif unfired:
+        cause = UNFIRED
     else:
         return _quiet_verdict(report)
     if report.stuck:
@@ -276,6 +353,13 @@ def classify(report: RunReport, setup_done: set[int] | None = None) -> Verdict:
         thread_names=_thread_names(report),
         main_threads={r: ident for (r, lane), ident in report.thread_idents.items() if lane == 0},
         timeline=timeline if timeline is not None and timeline.events else None,
+        injections=[f"rank {r} was {injection_words(report, r)}" for r in sorted(report.fired)],
+        unfired=unfired,
+        after_fault=", ".join(
+            f"the injected {report.fired[r][-1].get('sign')} of rank {r}"
+            for r in sorted(report.fired)
+            if report.fired[r]
+        ),
     )
     if failure.phase == "teardown" and cause == FAILURE:
         return Verdict("passed", teardown=failure)
@@ -345,6 +429,8 @@ def describe_blocked(b: Blocked) -> str:
         return f"blocked in {b.op} without a process group for {waited}"
     if b.native:
         return f"waiting in {b.op} #{b.seq} on {b.group}, issued from native code ({b.native}), for {waited}"
+    if b.future:
+        return f"waiting for {b.op} #{b.seq} on {b.group}, handed to a future (Work.get_future), for {waited}"
     return f"blocked in {what} #{b.seq} on {b.group} for {waited}"
 
 
@@ -354,14 +440,19 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
         waited = ", then waited for the other ranks" if s.waited else ""
         return [f"rank {s.rank}: finished the test body ({s.outcome}){waited}"]
     if s.state == "died":
+        if s.injected:
+            return [f"rank {s.rank}: {s.injected}"]
         return [f"rank {s.rank}: died ({_exit_words(s.exit)})"]
     where = f", in {s.hooks}" if s.hooks else ""
     head = f"rank {s.rank}: " if stuck else f"rank {s.rank}: {s.reason}; it was "
     lines = []
     if s.state == "frozen":
-        lines.append(f"{head}stopped (SIGSTOP){where}")
+        lines.append(f"{head}stopped (SIGSTOP){where}" + (f": {s.injected}" if s.injected else ""))
         if s.blocked is not None:
-            lines.append(f"  when it was stopped it was {describe_blocked(s.blocked)}")
+            b = s.blocked
+            place = f"{b.op} #{b.seq} on {b.group}" if b.seq is not None else b.op
+            # frozen, it waits for nothing: how long it has been inside says nothing about its peers
+            lines.append(f"  it was stopped inside {'the wait of ' if b.in_wait else ''}{place}")
         if s.last:
             lines.append(f"  its last recorded event: {s.last}")
     elif s.blocked is not None:
@@ -396,6 +487,8 @@ def _hang_lines(f: RunFailure) -> list[str]:
         head = [early + " they are blocked in collectives that can never match"]
     else:
         head = [f"hang: the test did not finish within {f.limit:g} s ({f.world_size} ranks)"]
+    if f.after_fault and not f.stall and not f.desynced:
+        head[0] += f", after {f.after_fault}"
     for rank in sorted(f.ranks):
         head.extend("  " + line for line in describe_state(f.ranks[rank], stuck=True))
     return head
@@ -466,6 +559,8 @@ def _summary(f: RunFailure) -> list[str]:
 def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
     if f.mismatches:
         return f"desync: {f.mismatches[0]}", None
+    if f.cause == UNFIRED:
+        return f.unfired[0], None
     if f.stall:
         return _stall_lines(f)[0], None
     if f.stuck:
@@ -489,8 +584,29 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
     return message, first.result.location if primary else None
 
 
+def attempt_summary(report: RunReport, attempt: int) -> str:
+    """``attempt 0: rank 0 stopped, rank 1 killed by the injected fault ...``"""
+    parts = []
+    for rank in range(report.world_size):
+        result = report.results.get(rank)
+        if report.fired.get(rank) and report.taken_out(rank):
+            parts.append(f"rank {rank} {injection_words(report, rank)}")
+        elif result is not None and rank not in report.stopped:
+            parts.append(f"rank {rank} {result.outcome}")
+        elif rank in report.stopped:
+            why = report.stopped[rank]
+            parts.append(f"rank {rank} {why}" if why.startswith("stopped") else f"rank {rank} stopped ({why})")
+        else:
+            ex = report.exits.get(rank)
+            parts.append(f"rank {rank} died ({_exit_words(ex)})")
+    return f"attempt {attempt}: " + "; ".join(parts)
+
+
 def render(f: RunFailure) -> Rendered:
-    lines: list[str] = [f"desync: {m}" for m in f.mismatches]
+    lines: list[str] = [*f.schedule, *f.attempts, *([""] if f.attempts else [])]
+    lines.extend(f"desync: {m}" for m in f.mismatches)
+    lines.extend(f.unfired)
+    lines.extend(f.injections)
     if f.stuck:
         lines.extend(_hang_lines(f))
     elif f.failures:
@@ -514,6 +630,8 @@ def render(f: RunFailure) -> Rendered:
         lines.append(f"{'-' * 20}{label} {'-' * 20}")
         lines.extend(rf.result.longrepr.rstrip("\n").splitlines())
     lines.extend(_stack_lines(f))
+    if f.holds:
+        lines.extend(["", "where the schedule held the ranks:", *(f"  {h}" for h in f.holds)])
     dead = any(rf.how == "died" for rf in f.failures)
     stopped = any(st.reason for st in f.ranks.values())
     timed_out = f.stuck and not f.desynced and not f.stall
@@ -524,4 +642,6 @@ def render(f: RunFailure) -> Rendered:
     if f.trace:
         lines.extend(["", f"Chrome trace of the timeline: {f.trace}"])
     message, location = _message(f)
+    if f.schedule:
+        message = f"{f.schedule[0].split(';')[0]}: {message}"
     return Rendered(message, "\n".join(lines).strip("\n"), location)

@@ -29,6 +29,7 @@ class _Rank:
     final: dict[str, int] | None = None  # once finished: group -> its last collective, seen or not
     native: dict[int, int] = field(default_factory=dict)  # lane -> a native call issued, nothing after it
     last_t: dict[int, int] = field(default_factory=dict)  # lane -> the latest time recorded on it
+    fired: list[dict[str, Any]] = field(default_factory=list)  # injected faults that acted on it
     exchanges: int = 0  # timeline() calls started
     in_exchange: int = 0  # the timeline() call it is inside, 0 when none
     count: int = 0  # events recorded
@@ -71,7 +72,9 @@ class RankProgress:
             if waiting is not None and waiting != call_id:
                 # the lane went on: native code waited for its call, or will later
                 state.inside.pop(state.native.pop(lane), None)
-            if kind == events.COUNTERS:
+            if kind == events.FIRED:
+                state.fired.append(dict(info or {}))
+            elif kind == events.COUNTERS:
                 state.final = {str(k): int(v) for k, v in (info or {}).items()}
             elif kind == events.EXCHANGE:
                 if phase == events.START:
@@ -115,6 +118,11 @@ class RankProgress:
         if started is not None and started.get("sync") == collectives.RECV and "error" not in info:
             key = (started.get("group"), info.get("src", started.get("src")), started.get("tag", 0))
             state.received[key] = state.received.get(key, 0) + 1
+
+    def injected(self, rank: int) -> str | None:
+        """How an injected fault last acted on the rank (``kill``, ``stop``, ...), if one did."""
+        fired = self._of(rank).fired
+        return str(fired[-1].get("action")) if fired else None
 
     def counts(self) -> dict[int, int]:
         """How many events each rank has recorded so far."""

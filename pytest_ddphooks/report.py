@@ -106,6 +106,9 @@ class RunReport:
     timeline: Timeline | None = None
     thread_idents: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, lane) -> ident
     swept: list[tuple[int, str]] = field(default_factory=list)  # processes ranks abandoned, killed
+    armed: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> faults armed on it
+    fired: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> injected faults that acted
+    held: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> where its schedule held it
     duration: float = 0.0
     stopped_at_ns: int = 0
 
@@ -115,8 +118,15 @@ class RunReport:
         ranks that had left."""
         return self.timed_out or self.desynced or self.stall is not None
 
+    def taken_out(self, rank: int) -> str | None:
+        """How an injected fault took the rank out of the test (``kill``, ``stop``), if one did."""
+        for info in reversed(self.fired.get(rank, [])):
+            if info.get("action") in ("kill", "stop"):
+                return str(info["action"])
+        return None
+
     def died(self, rank: int) -> bool:
-        if rank in self.stopped:
+        if rank in self.stopped or self.taken_out(rank):
             return False
         ex = self.exits.get(rank)
         return rank not in self.results or (ex is not None and not ex.clean)

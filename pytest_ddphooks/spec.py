@@ -8,10 +8,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .schedule import ScheduleError, parse_seed
+
 BACKENDS = ("gloo", "nccl")
 MAX_SECONDS = 1e6  # a time limit beyond this (11.6 days) is a mistake, and inf overflows a select()
 MAX_WORLD_SIZE = 1024  # every rank is a process of this machine
-_KEYWORDS = ("world_size", "backend", "nodes", "timeout", "init_process_group")
+_KEYWORDS = ("world_size", "backend", "nodes", "timeout", "init_process_group", "restarts", "explore", "schedule")
+MAX_RESTARTS = 100
+MAX_EXPLORE = 10_000
 
 
 class SpecError(ValueError):
@@ -26,6 +30,9 @@ class MultirankSpec:
     timeout: float | None = None
     init_process_group: bool = True
     many: bool = False  # world_size was given as a list: one test item per size
+    restarts: int = 0  # how many times the ranks are started again after a rank died
+    explore: int | None = None  # runs under seeded schedules after a pass (None: the session's)
+    schedule: int | None = None  # run once under exactly this schedule's seed
 
 
 def _is_int(value: Any) -> bool:
@@ -78,6 +85,18 @@ def parse_multirank(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Multirank
     init = kwargs.get("init_process_group", True)
     if not isinstance(init, bool):
         raise SpecError(f"init_process_group must be True or False, got {_describe(init)}")
+    restarts = kwargs.get("restarts", 0)
+    if not _is_int(restarts) or not 0 <= restarts <= MAX_RESTARTS:
+        raise SpecError(f"restarts must be an int from 0 to {MAX_RESTARTS}, got {_describe(restarts)}")
+    explore = kwargs.get("explore")
+    if explore is not None and not (_is_int(explore) and 0 <= explore <= MAX_EXPLORE):
+        raise SpecError(f"explore must be an int from 0 to {MAX_EXPLORE} (schedules), got {_describe(explore)}")
+    schedule = kwargs.get("schedule")
+    if schedule is not None:
+        try:
+            schedule = parse_seed(schedule, "schedule")
+        except ScheduleError as exc:
+            raise SpecError(str(exc)) from None
     return MultirankSpec(
         tuple(int(s) for s in sizes),
         backend,
@@ -85,4 +104,7 @@ def parse_multirank(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Multirank
         None if timeout is None else float(timeout),
         init,
         many,
+        int(restarts),
+        None if explore is None else int(explore),
+        schedule,
     )

@@ -16,6 +16,8 @@ PREPARE_DATA_RANK0_ONLY = "prepare_data_rank0_only"
 MODEL_TO_DEVICE_TWICE = "model_to_device_twice"
 BARRIER_RANK0_ONLY = "barrier_rank0_only"
 TEARDOWN_KEEPS_GROUP = "teardown_keeps_group"
+RESUME_IGNORES_CHECKPOINT = "resume_ignores_checkpoint"
+CHECKPOINT_WITHOUT_BARRIER = "checkpoint_without_barrier"
 
 BUGS: dict[str, str] = {
     # created after setup, not straight after the barrier: joining a group waits for every
@@ -29,6 +31,9 @@ BUGS: dict[str, str] = {
     MODEL_TO_DEVICE_TWICE: "wrap_model moves the model to the device again, after the trainer already did",
     BARRIER_RANK0_ONLY: "only rank 0 enters the barrier after setup; the other ranks go on (a hang)",
     TEARDOWN_KEEPS_GROUP: "the trainer does not destroy the process group it created",
+    RESUME_IGNORES_CHECKPOINT: "resume=True finds the last checkpoint but starts the fit from scratch",
+    CHECKPOINT_WITHOUT_BARRIER: "the ranks go on while rank 0 is still writing the epoch's checkpoint, so a"
+    " rank that dies then restarts from a file that may be torn",
 }
 
 

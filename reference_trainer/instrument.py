@@ -2,9 +2,9 @@
 
 Module hooks keep their plain names (``prepare_data``, ``setup``, ...), datamodule hooks are
 ``dm.<hook>``, callback hooks ``cb.<Class>.<hook>``; the strategy's ``barrier`` is a framework
-barrier (so one that issued no collective shows as a no-op), ``model_to_device`` and
-``wrap_model`` keep their names, and ``strategy.setup_environment`` / ``strategy.teardown``
-bracket the group's life.
+barrier (so one that issued no collective shows as a no-op), ``model_to_device``,
+``wrap_model``, ``save_checkpoint`` and ``load_checkpoint`` keep their names, and
+``strategy.setup_environment`` / ``strategy.teardown`` bracket the group's life.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def instrument_parts(
 
 def instrument_strategy(recorder: Recorder, strategy: Strategy) -> None:
     recorder.instrument_barrier(strategy, "barrier")
-    recorder.instrument(strategy, "model_to_device", "wrap_model")
+    recorder.instrument(strategy, "model_to_device", "wrap_model", "save_checkpoint", "load_checkpoint")
     recorder.instrument(strategy, "setup_environment", "teardown", prefix="strategy")
 
 

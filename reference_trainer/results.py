@@ -21,6 +21,7 @@ class RankOutput:
     params: dict[str, torch.Tensor]
     sharded: list[str]  # parameters of which ``params`` holds this rank's dim-0 shard only
     metrics: dict[str, Any] = field(default_factory=dict)
+    resumed_from: int | None = None  # the epoch of the checkpoint the fit resumed from
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))

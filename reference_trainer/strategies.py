@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from datetime import timedelta
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -20,6 +22,9 @@ import torch.distributed.nn  # imported early on purpose, see below
 from torch import nn
 
 from . import bugs as B
+
+# DDP's register_comm_hook(state, hook): hook(state, bucket) -> a future of the reduced bucket
+CommHook = Callable[[Any, Any], Any]
 
 # torch.distributed.nn binds the default group as default arguments when it is imported, and
 # DDP imports it lazily: imported first while a group exists, it would keep that group (its
@@ -48,9 +53,11 @@ class Strategy:
         world_size: int | None = None,
         bugs: frozenset[str] = frozenset(),
         timeout: float = 300.0,
+        ddp_comm_hook: CommHook | None = None,
     ) -> None:
         self.bugs = B.check(bugs)
         self.timeout = timeout
+        self.ddp_comm_hook = ddp_comm_hook
         self.num_nodes = num_nodes
         self.requested_world_size = world_size
         self.global_rank = 0
@@ -127,6 +134,16 @@ class Strategy:
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
+    def save_checkpoint(self, state: dict[str, Any], path: Path) -> None:
+        """Global rank 0 writes the checkpoint; the others have nothing to write."""
+        if self.is_global_zero:
+            torch.save(state, path)
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Every rank reads the whole checkpoint (a folder every rank sees)."""
+        state: dict[str, Any] = torch.load(path, weights_only=True)
+        return state
+
     def teardown(self) -> None:
         """Release what setup_environment made."""
 
@@ -145,6 +162,7 @@ class DistributedStrategy(Strategy):
     """
 
     distributed = True
+    wraps_with_ddp: ClassVar[bool] = True  # ``ddp_comm_hook`` applies
 
     def read_environment(self) -> bool:
         """Take the rank fields from RANK/WORLD_SIZE/... or from an existing group; False if neither."""
@@ -189,7 +207,10 @@ class DistributedStrategy(Strategy):
     def _wrap(self, model: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model)
+        ddp = DistributedDataParallel(model)
+        if self.ddp_comm_hook is not None:
+            ddp.register_comm_hook(None, self.ddp_comm_hook)
+        return ddp
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
@@ -256,6 +277,7 @@ class FSDPStrategy(DDPStrategy):
     """
 
     name = "fsdp"
+    wraps_with_ddp = False
 
     def preload(self) -> None:
         super().preload()
@@ -303,6 +325,16 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
+def strategy_class(which: str | type[Strategy], ddp_comm_hook: CommHook | None = None) -> type[Strategy]:
+    """The strategy ``which`` names; an error for an unknown one, or a comm hook it cannot use."""
+    cls = STRATEGIES.get(which) if isinstance(which, str) else which
+    if cls is None:
+        raise ValueError(f"unknown strategy {which!r}; known: {', '.join(STRATEGIES)}")
+    if ddp_comm_hook is not None and not (issubclass(cls, DistributedStrategy) and cls.wraps_with_ddp):
+        raise ValueError(f"ddp_comm_hook: strategy {cls.name!r} does not wrap the model in DDP")
+    return cls
+
+
 def make_strategy(
     which: str | type[Strategy],
     *,
@@ -310,8 +342,7 @@ def make_strategy(
     world_size: int | None = None,
     bugs: frozenset[str] = frozenset(),
     timeout: float = 300.0,
+    ddp_comm_hook: CommHook | None = None,
 ) -> Strategy:
-    cls = STRATEGIES.get(which) if isinstance(which, str) else which
-    if cls is None:
-        raise ValueError(f"unknown strategy {which!r}; known: {', '.join(STRATEGIES)}")
-    return cls(num_nodes=num_nodes, world_size=world_size, bugs=bugs, timeout=timeout)
+    cls = strategy_class(which, ddp_comm_hook)
+    return cls(num_nodes=num_nodes, world_size=world_size, bugs=bugs, timeout=timeout, ddp_comm_hook=ddp_comm_hook)

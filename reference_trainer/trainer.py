@@ -15,12 +15,17 @@
         model = strategy.model_to_device(module.model)   # exactly once per rank
         module.model = strategy.wrap_model(model)        # DDP, or FSDP2 fully_shard
         optimizer = module.configure_optimizers()
+        if resume and a checkpoint exists in checkpoint_dir:
+            strategy.load_checkpoint(latest)   # every rank; model and optimizer state, epoch
         module.on_fit_start(); callback.on_fit_start(trainer, module)
         loader = train_dataloader()   # with a DistributedSampler when distributed
-        for epoch in range(max_epochs):
+        for epoch in range(first epoch not in the checkpoint, max_epochs):
             on_train_epoch_start
             for batch_idx, batch in loader: training_step, backward, step, on_train_batch_end
             on_train_epoch_end
+            if checkpoint_dir:
+                strategy.save_checkpoint(...)  # the full state gathered on every rank, written by rank 0
+                strategy.barrier()             # nobody goes on (or dies and restarts) before it is whole
         on_fit_end
         finally:                      # on success and on failure alike
             datamodule.teardown("fit"); module.teardown("fit"); callback.teardown(..., "fit")
@@ -35,19 +40,21 @@ every rank goes through, for ``Timeline.assert_order``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from . import bugs as B
-from . import instrument
+from . import checkpoint, instrument
 from .hooks import Callback, DataModule, Module
 from .launch import launch
 from .results import FitResult, RankOutput
-from .strategies import Strategy, make_strategy
+from .strategies import CommHook, Strategy, make_strategy, strategy_class
 
 if TYPE_CHECKING:
     from pytest_ddphooks import Recorder, Timeline
@@ -90,11 +97,16 @@ LIFECYCLE = (
 class Trainer:
     """Runs the lifecycle above for a Module on one of the strategies.
 
-    ``bugs`` switches on seeded historical bugs (``reference_trainer.bugs``). ``record=True``
-    records every rank into its own Recorder and gives ``FitResult.timeline`` (merged across
-    ranks when the trainer launched them); ``recorder=`` instruments into a recorder you own
-    (in-process strategies only, e.g. the ``recorder`` of a multirank test). ``on_strategy``
-    is called in each rank with the new strategy, before ``setup_environment``.
+        ``checkpoint_dir`` (a folder every rank sees) gets a checkpoint at the end of every epoch;
+    with ``resume=True`` a fit starts from the latest one there, as a rank restarted by an
+    elastic agent does. ``ddp_comm_hook`` is registered on the DDP wrapper (e.g. torch's
+    ``default_hooks.allreduce_hook``, which all-reduces each gradient bucket from Python).
+
+        ``bugs`` switches on seeded historical bugs (``reference_trainer.bugs``). ``record=True``
+        records every rank into its own Recorder and gives ``FitResult.timeline`` (merged across
+        ranks when the trainer launched them); ``recorder=`` instruments into a recorder you own
+        (in-process strategies only, e.g. the ``recorder`` of a multirank test). ``on_strategy``
+        is called in each rank with the new strategy, before ``setup_environment``.
     """
 
     def __init__(
@@ -113,7 +125,12 @@ class Trainer:
         recorder: Recorder | None = None,
         on_strategy: Callable[[Strategy], None] | None = None,
         timeout: float = 300.0,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        resume: bool = False,
+        ddp_comm_hook: CommHook | None = None,
     ) -> None:
+        if resume and checkpoint_dir is None:
+            raise ValueError("resume=True needs checkpoint_dir: the folder to resume from")
         self.strategy_spec = strategy
         self.max_epochs = max_epochs
         self.prepare_data_per_node = prepare_data_per_node
@@ -127,6 +144,10 @@ class Trainer:
         self.recorder_arg = recorder
         self.on_strategy = on_strategy
         self.timeout = timeout
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.resume = resume
+        self.ddp_comm_hook = ddp_comm_hook
+        strategy_class(strategy, ddp_comm_hook)
         # per fit, in the rank
         self.strategy: Strategy | None = None
         self.recorder: Recorder | None = None
@@ -140,6 +161,7 @@ class Trainer:
         self._caller_instrumented = False
         self._launched = False  # set inside a rank this trainer launched
         self.failed_at_ns: int | None = None  # when this rank's fit raised
+        self.resumed_from: int | None = None  # the epoch of the checkpoint this fit resumed from
 
     # -- rank information (of the current fit's strategy) -----------------------------------
 
@@ -174,6 +196,7 @@ class Trainer:
             world_size=self.world_size_arg,
             bugs=self.bugs,
             timeout=self.timeout,
+            ddp_comm_hook=self.ddp_comm_hook,
         )
 
     # -- fit ---------------------------------------------------------------------------------
@@ -245,9 +268,10 @@ class Trainer:
             model = strategy.model_to_device(module.model)
             module.model = strategy.wrap_model(model)
             self.optimizer = optimizer = module.configure_optimizers()
+            first_epoch = self._resume(module, optimizer, strategy)
             self._call(module, "on_fit_start")
             loader = self._train_loader(module, dm, strategy)
-            for epoch in range(self.max_epochs):
+            for epoch in range(first_epoch, self.max_epochs):
                 self.current_epoch = epoch
                 if isinstance(getattr(loader, "sampler", None), DistributedSampler):
                     loader.sampler.set_epoch(epoch)  # type: ignore[union-attr]
@@ -261,6 +285,8 @@ class Trainer:
                     self.losses.append(float(loss.detach()))
                     self._call(module, "on_train_batch_end", loss.detach(), batch, batch_idx)
                 self._call(module, "on_train_epoch_end")
+                if self.checkpoint_dir is not None:
+                    self._save_checkpoint(module, optimizer, strategy, epoch)
             self._call(module, "on_fit_end")
             return self._output(module, strategy)
         except BaseException:
@@ -296,6 +322,38 @@ class Trainer:
         if dm is not None:
             dm.prepare_data()
         module.prepare_data()
+
+    def _save_checkpoint(
+        self, module: Module, optimizer: torch.optim.Optimizer, strategy: Strategy, epoch: int
+    ) -> None:
+        assert module.model is not None and self.checkpoint_dir is not None
+        model = strategy.unwrap_model(module.model)
+        state = checkpoint.gather_state(model, optimizer)  # every rank: FSDP gathers shards
+        if strategy.is_global_zero:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        # the random state too: the next epoch's shuffle draws from it, so a resumed fit sees
+        # the batches an uninterrupted one would
+        state.update(epoch=epoch, global_step=self.global_step, rng=torch.get_rng_state())
+        strategy.save_checkpoint(state, checkpoint.path_for(self.checkpoint_dir, epoch))
+        if B.CHECKPOINT_WITHOUT_BARRIER not in self.bugs:  # BUG checkpoint_without_barrier skips it
+            strategy.barrier("checkpoint")
+
+    def _resume(self, module: Module, optimizer: torch.optim.Optimizer, strategy: Strategy) -> int:
+        """Load the latest checkpoint when resuming; the first epoch still to train."""
+        self.resumed_from = None
+        if not self.resume or self.checkpoint_dir is None:
+            return 0
+        found = checkpoint.latest(self.checkpoint_dir)
+        if found is None or B.RESUME_IGNORES_CHECKPOINT in self.bugs:  # BUG resume_ignores_checkpoint
+            return 0
+        epoch, path = found
+        state = strategy.load_checkpoint(path)
+        assert module.model is not None
+        checkpoint.restore_state(strategy.unwrap_model(module.model), optimizer, state)
+        self.global_step = int(state["global_step"])
+        torch.set_rng_state(state["rng"])
+        self.resumed_from = epoch
+        return epoch + 1
 
     def _call(self, module: Module, hook: str, *args: Any) -> None:
         getattr(module, hook)(*args)
@@ -333,4 +391,12 @@ class Trainer:
                 t = t.to_local()
                 sharded.append(name)
             params[name] = t.clone().cpu()
-        return RankOutput(strategy.global_rank, strategy.rank_info(), list(self.losses), params, sharded, self.metrics)
+        return RankOutput(
+            strategy.global_rank,
+            strategy.rank_info(),
+            list(self.losses),
+            params,
+            sharded,
+            self.metrics,
+            self.resumed_from,
+        )

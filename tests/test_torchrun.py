@@ -130,3 +130,47 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
     assert "test_stuck.py::test_hang did not finish within 2 s on rank 1; the run stops" in out
     assert "test_stuck.py:9 in test_hang: time.sleep(0.05)" in out
     assert seconds < 60
+
+
+def test_faults_under_torchrun_are_a_clear_error_and_restarts_a_normal_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_faulty="""
+        import os
+        import pytest
+        import torch.distributed as dist
+        from pytest_ddphooks import FaultError
+
+        @pytest.mark.multirank(world_size=2)
+        def test_arms(rank, faults):
+            with pytest.raises(FaultError, match="faults need the plugin's own ranks"):
+                faults.kill(rank=1, at="dist.barrier#1")
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2, restarts=1)
+        def test_restarts_without_a_death(rank, restart_count):
+            assert restart_count == int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0
+            dist.barrier()
+        """
+    )
+    code, out, _ = torchrun(pytester.path)
+    assert code == 0, out
+    assert out.count("= 2 passed") == 1, out
+
+
+def test_exploring_schedules_under_torchrun_is_a_clear_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_explored="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2, explore=5)
+        def test_marked(rank):
+            pass
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "--ddp-explore=3")
+    assert code != 0
+    assert "--ddp-explore: schedules need the plugin's own ranks: under torchrun the ranks belong to" in out, out
+    code, out, _ = torchrun(pytester.path)
+    assert code != 0
+    assert "multirank(explore=..., schedule=...): schedules need the plugin's own ranks" in out, out
+    assert out.count("= 1 failed") == 1, out

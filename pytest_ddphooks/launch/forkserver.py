@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import coverage_relay
 from ..report import RankExit
-from . import procs, protocol, rendezvous
+from . import output, procs, protocol, rendezvous
 from .job import Job
 from .rank import RankBody, rank_main
 
@@ -49,6 +49,7 @@ class ForkServer:
         preload: tuple[str, ...],
         parent: int,
         log_path: str | None,
+        keep_terminal: bool = False,
     ) -> None:
         self.sock = sock
         self.body_factory = body_factory
@@ -60,7 +61,7 @@ class ForkServer:
         if os.getppid() != parent:
             os._exit(0)
         procs.prctl(procs.PR_SET_CHILD_SUBREAPER, 1)
-        self._isolate_descriptors(log_path)
+        self._isolate_descriptors(log_path, keep_terminal)
         self.selector = selectors.DefaultSelector()  # after the isolation, which replaces every other descriptor
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._on_term)
@@ -81,7 +82,7 @@ class ForkServer:
         if coverage_config is not None:
             coverage_relay.prepare(coverage_config)
 
-    def _isolate_descriptors(self, log_path: str | None) -> None:
+    def _isolate_descriptors(self, log_path: str | None, keep_terminal: bool) -> None:
         """Point every inherited descriptor at /dev/null (pipes of xdist, pytest's capture).
 
         They are replaced rather than closed: objects that still think they own them may
@@ -90,6 +91,11 @@ class ForkServer:
         null = os.open(os.devnull, os.O_RDWR)
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else null
         keep = {self.sock.fileno(), null, log}
+        if keep_terminal:
+            # pytest's own stdout, shared rather than reopened: a regular file keeps one write
+            # offset, so the ranks' live lines and pytest's never overwrite each other
+            output.terminal_fd = os.dup(1)
+            keep.add(output.terminal_fd)
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
             if fd not in keep:

@@ -22,9 +22,13 @@ class Job:
     cwd: str
     payload: bytes = b""  # opaque to the launcher; the rank body decodes it
     group_timeout: float = 0.0  # the process group's own timeout; 0 derives it from timeout
-    live_output: str | None = None  # where each rank's lines go as they are printed (-s)
+    live_output: bool = False  # each rank's lines also go to pytest's stdout as printed (-s)
     post_mortem: bool = False  # --pdb: a failing rank opens pdb on its traceback
     pdb_rank: int | None = None  # --ddp-pdb-rank: only this rank does
+    attempt: int = 0  # how many times the ranks were restarted before this run
+    max_restarts: int = 0  # multirank(restarts=K): a rank's death starts every rank again, K times
+    # a schedule (``--ddp-explore``): rank -> its holds, as (segment, point, seconds)
+    holds: dict[int, list[tuple[int, int, float]]] | None = None
 
     @property
     def local_world_size(self) -> int:

@@ -25,8 +25,10 @@ class Launcher:
         preload: tuple[str, ...] = ("torch", "torch.distributed"),
         log_path: str | None = None,
         coverage_config: str | None = None,
+        keep_terminal: bool = False,
     ) -> None:
         self._body_factory = body_factory
+        self._keep_terminal = keep_terminal
         self._preload = preload
         self._log_path = log_path
         self._coverage_config = coverage_config
@@ -42,7 +44,9 @@ class Launcher:
             code = 0
             try:
                 ours.close()
-                server = ForkServer(theirs, self._body_factory, self._preload, parent, self._log_path)
+                server = ForkServer(
+                    theirs, self._body_factory, self._preload, parent, self._log_path, self._keep_terminal
+                )
                 server.measure_ranks(self._coverage_config)
                 server.serve()
             except BaseException:

@@ -13,6 +13,9 @@ import threading
 
 from .job import Job
 
+# the pytest process's stdout, kept open by the fork server when the session prints live
+terminal_fd: int | None = None
+
 
 class RankOutput:
     def __init__(self, job: Job, rank: int) -> None:
@@ -45,12 +48,12 @@ class RankOutput:
         self._thread.start()
 
     def _open_live(self) -> int | None:
-        if not self.job.live_output:
+        if not self.job.live_output or terminal_fd is None:
             return None
         try:
-            return os.open(self.job.live_output, os.O_WRONLY | os.O_APPEND)
+            return os.dup(terminal_fd)
         except OSError:
-            return None  # the terminal went away: the files still have everything
+            return None
 
     def _copy(self, pipes: dict[int, int], live: int) -> None:
         prefix = f"[rank {self.rank}] ".encode()

@@ -26,8 +26,9 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from .. import blobs, coverage_relay, singletons
-from ..recorder import Recorder
+from ..recorder import Recorder, events
 from ..report import RankResult
+from ..schedule import Hold, ScheduleHook
 from . import procs, protocol, rendezvous
 from .debugger import RankDebugger
 from .job import Job
@@ -90,7 +91,9 @@ def _arm_stack_dumps(job: Job, rank: int, crash_fd: int) -> None:
 def _apply_env(job: Job, rank: int, port: int) -> None:
     os.environ.clear()
     os.environ.update(job.env)
-    os.environ.update(rendezvous.rank_env(rank, job.world_size, job.nodes, port, job.test_id))
+    os.environ.update(
+        rendezvous.rank_env(rank, job.world_size, job.nodes, port, job.test_id, job.attempt, job.max_restarts)
+    )
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     if "OMP_NUM_THREADS" not in job.env:
         # as torchrun does: N ranks on few cores must not each start a thread per core
@@ -190,6 +193,13 @@ def group_timeout(job: Job) -> float:
     return job.group_timeout or job.timeout + 60.0
 
 
+def _follow_schedule(recorder: Recorder, own: list[tuple[int, int, float]]) -> None:
+    """Hold this rank where its schedule says; the rank's start is the first such point."""
+    hook = ScheduleHook([Hold(*h) for h in own], lambda info: recorder.write_watch_only(events.HELD, info))
+    recorder.add_trigger(hook)
+    hook.begin()
+
+
 def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: RankBody) -> NoReturn:
     started = time.monotonic()
     procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -202,6 +212,8 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
         _apply_env(job, rank, port)
         coverage_relay.stop_inherited()  # the harness setting the rank up is not the test's code
         recorder = Recorder(rank, job.world_size, event_file=job.path(rank, "events"))
+        if job.holds is not None:
+            _follow_schedule(recorder, job.holds.get(rank, []))
         limit = group_timeout(job)
         raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
         if rank != 0:

@@ -44,7 +44,9 @@ def listener() -> socket.socket:
     return sock
 
 
-def rank_env(rank: int, world_size: int, nodes: int, port: int, run_id: str) -> dict[str, str]:
+def rank_env(
+    rank: int, world_size: int, nodes: int, port: int, run_id: str, attempt: int = 0, max_restarts: int = 0
+) -> dict[str, str]:
     local = world_size // nodes
     node = rank // local
     return {
@@ -61,8 +63,8 @@ def rank_env(rank: int, world_size: int, nodes: int, port: int, run_id: str) -> 
         "MASTER_ADDR": LOOPBACK,
         "MASTER_PORT": str(port),
         "TORCHELASTIC_RUN_ID": run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
     }
 

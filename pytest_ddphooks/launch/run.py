@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from ..files import read_text
 from ..progress import RankProgress
+from ..recorder import events
 from ..recorder.events import read_new, read_raw
 from ..recorder.timeline import Timeline
 from ..report import RankExit, RankResult, RunReport, Stall
@@ -126,6 +127,9 @@ class RunWatch:
             self.setup_done.add(note.rank)
         elif note.phase == "done":
             self.finished[note.rank] = note.status
+            self._end_if_only_faults_remain()
+            if self.over:
+                return
             # a failed rank leaves at once: its exit stops the others, as a failure
             if note.status != "failed" and self._failed_at is None and len(self.finished) < self.job.world_size:
                 self._look(stall_only=True)
@@ -138,6 +142,12 @@ class RunWatch:
             report.results[ex.rank] = result
             self.finished.setdefault(ex.rank, result.outcome)
         died = result is None or not ex.clean
+        self._read(ex.rank)
+        restarting = self.job.attempt < self.job.max_restarts  # a death starts every rank again
+        if died and self._progress.injected(ex.rank) == "kill" and not restarting:
+            # killed by a fault the test injected: what matters is how the others take it
+            self._end_if_only_faults_remain()
+            return
         if died or result.outcome == "failed":
             if report.first_failure is None:
                 report.first_failure = ex.rank
@@ -148,11 +158,34 @@ class RunWatch:
         if len(report.exits) == self.job.world_size:
             self.over = True
 
+    def _read(self, rank: int) -> None:
+        records, self._offsets[rank] = read_new(self.job.path(rank, "events"), self._offsets[rank])
+        self._progress.feed(rank, records)
+
+    def _end_if_only_faults_remain(self) -> None:
+        """Once every rank has ended, finished the test, or is frozen by an injected fault (and
+        some fault took a rank out), nobody is left to wait for: end the run."""
+        taken = [r for r in range(self.job.world_size) if self._progress.injected(r) in ("kill", "stop")]
+        if not taken:
+            return
+        waiting = [
+            r
+            for r in range(self.job.world_size)
+            if r not in self.report.exits and r not in self.finished and self._progress.injected(r) != "stop"
+        ]
+        if not waiting:
+            if len(self.report.exits) == self.job.world_size:
+                self.over = True
+            else:
+                self._stop("stopped: the test is over (an injected fault took a rank out)")
+
     def _look(self, stall_only: bool = False) -> None:
         """Read what the ranks recorded since the last look; stop a desync or a stall."""
         for r in self._offsets:
-            records, self._offsets[r] = read_new(self.job.path(r, "events"), self._offsets[r])
-            self._progress.feed(r, records)
+            self._read(r)
+        self._end_if_only_faults_remain()
+        if self.over:
+            return
         live = {r for r in range(self.job.world_size) if r not in self.finished and r not in self.report.exits}
         counts = self._progress.counts()
         self._ask_native([r for r in live if counts.get(r, 0) == self._counts.get(r, -1)])
@@ -230,6 +263,11 @@ class RunWatch:
             for rec in recs
             if rec[3] == "meta" and rec[6] and "ident" in rec[6]
         }
+        for r, recs in raw.items():
+            for rec in recs:
+                which = {events.ARMED: report.armed, events.FIRED: report.fired, events.HELD: report.held}.get(rec[3])
+                if which is not None:
+                    which.setdefault(r, []).append(dict(rec[6] or {}))
         return report
 
 

@@ -15,7 +15,7 @@ from .. import session_dirs
 from ..recorder import distpatch
 from . import special
 from .coverage import CoverageHooks
-from .fixtures import node_tmp_path, rank, recorder, shared_tmp_path, world_size
+from .fixtures import faults, node_tmp_path, rank, recorder, restart_count, shared_tmp_path, world_size
 from .leaks import ALLOW_HELP, LeakHooks
 from .markers import MULTIRANK_HELP, SPECIAL_HELP, MarkerHooks
 from .multirank import MultirankHooks
@@ -34,7 +34,7 @@ distpatch.install()
 import torch.distributed  # noqa: E402, F401
 
 SESSION_NAME = "ddphooks-session"
-__all__ = ["node_tmp_path", "rank", "recorder", "shared_tmp_path", "world_size"]
+__all__ = ["faults", "node_tmp_path", "rank", "recorder", "restart_count", "shared_tmp_path", "world_size"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ..faults import OUTSIDE_MULTIRANK, UNDER_TORCHRUN, UnavailableFaults
 from ..recorder import Recorder
 from .markers import RUN_KEY
 from .spmd import SpmdHooks
@@ -45,6 +46,19 @@ def recorder(request: pytest.FixtureRequest) -> Generator[Recorder, None, None]:
     rec = Recorder(exchange=spmd.exchange if spmd is not None else None).activate()
     yield rec
     rec.close()
+
+
+@pytest.fixture
+def faults(request: pytest.FixtureRequest) -> UnavailableFaults:
+    """Inject faults at recorded points of the ranks (in a multirank test; an error elsewhere)."""
+    return UnavailableFaults(UNDER_TORCHRUN if _spmd_for(request) is not None else OUTSIDE_MULTIRANK)
+
+
+@pytest.fixture
+def restart_count() -> int:
+    """How many times the ranks were restarted (``multirank(restarts=K)``), as torchrun's
+    ``TORCHELASTIC_RESTART_COUNT``."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 @pytest.fixture

@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import pickle
 import re
+import secrets
 import sys
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from ..failure import RunFailure, Verdict, classify, render
+from ..failure import RunFailure, Verdict, attempt_summary, classify, render
 from ..htmlreport import multirank_view
 from ..launch import debugger
 from ..launch.job import Job
@@ -29,7 +31,9 @@ from ..launch.run import RunWatch
 from ..leaks import Leak
 from ..recorder import NeverWaitedWarning
 from ..report import RunReport
+from ..schedule import Profile, describe_hold, holds
 from . import page, rankbody, rankfixtures
+from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
 from .markers import RUN_KEY, TIMEOUT_KEY, MultirankRun, is_special
 from .reports import MultirankFailed, fail_with, raise_verdict, relay_warnings, warn_at
@@ -46,9 +50,15 @@ class _Active:
     verdict: Verdict | None = None
     unsendable: str | None = None  # a fixture value could not be sent: the call fails with it
     teardown: RunFailure | None = None
+    exploration: Exploration | None = None  # the schedules it runs under after a pass
 
 
 ACTIVE_KEY = pytest.StashKey[_Active]()
+
+
+def _death(report: RunReport) -> bool:
+    """A rank died (killed by a signal, injected or not, or gone before reporting)."""
+    return any(report.died(r) or report.taken_out(r) == "kill" for r in range(report.world_size))
 
 
 def _safe(name: str) -> str:
@@ -60,6 +70,8 @@ class MultirankHooks:
         self.ddp = ddp
         self.config = ddp.config
         self._ids = itertools.count(1)
+        # the session's own: each test's schedules are drawn from it and the test's id
+        self._explore_base = secrets.randbits(32)
         # with -s every line a rank prints reaches the terminal as it is printed
         self._live = self.config.getoption("capture", "fd") == "no"
 
@@ -128,7 +140,18 @@ class MultirankHooks:
             return
         launcher = self.ddp.start_launcher(item.session)
         markup = bool(self.config.get_terminal_writer().hasmarkup)
-        payload = rankbody.ItemPayload(item.nodeid, values, instance, self._node_dirs(item, run), markup)
+        node_dirs = self._node_dirs(item, run)
+        payload = rankbody.ItemPayload(item.nodeid, values, instance, node_dirs, markup)
+        settings = self.ddp.settings
+        active.exploration = Exploration.plan(
+            item.nodeid,
+            self._explore_base,
+            settings.explore if run.spec.explore is None else run.spec.explore,
+            run.spec.schedule if run.spec.schedule is not None else settings.schedule,
+        )
+        if active.exploration is not None:
+            tmp = {str(item.funcargs[n]) for n in ("tmp_path", "shared_tmp_path") if n in item.funcargs}
+            active.exploration.keep([*sorted(tmp), *node_dirs], self.ddp.folder())
         test_id = f"{os.getpid()}-{next(self._ids)}"
         run_dir = os.path.join(self.ddp.folder(), f"run-{test_id}")
         os.mkdir(run_dir)
@@ -144,9 +167,10 @@ class MultirankHooks:
             env={**os.environ, **self.ddp.child_env()},
             cwd=os.getcwd(),
             payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL),
-            live_output=f"/proc/{os.getpid()}/fd/1" if self._live else None,
+            live_output=self._live,
             post_mortem=self.ddp.settings.post_mortem,
             pdb_rank=self.ddp.settings.pdb_rank,
+            max_restarts=run.spec.restarts,
         )
         active.watch = RunWatch(launcher, active.job, lend_terminal=self._lend_terminal)
         active.watch.start()
@@ -209,11 +233,16 @@ class MultirankHooks:
     # -- ending a run ------------------------------------------------------------------------
 
     def _finish(self, item: pytest.Item, active: _Active) -> Verdict:
-        """Wait for the end of the run, and say everything it left in the session."""
+        """Wait for the end of the run (restarting its ranks after a death, as many times as
+        the marker allows; exploring schedules after a pass), and say everything it left in
+        the session."""
         assert active.watch is not None and active.job is not None
-        watch, job = active.watch, active.job
-        report = watch.wait_end()
-        verdict = classify(report, watch.setup_done)
+        report, verdict = self._run_to_end(item, active, active.watch)
+        if verdict.outcome == "passed" and active.exploration is not None and report.timeline is not None:
+            found = self._explore(item, active, active.exploration, report)
+            if found is not None:
+                report, verdict = found
+        job = active.job
         active.verdict = verdict
         active.teardown = verdict.teardown
         relay_warnings(item, [w for _, res in sorted(report.results.items()) for w in res.warnings])
@@ -234,7 +263,70 @@ class MultirankHooks:
         if verdict.failure is not None:
             self._write_trace(item, report, verdict.failure)
         job.remove_run_dir()
+        if active.exploration is not None:
+            active.exploration.discard()
         return verdict
+
+    def _run_to_end(self, item: pytest.Item, active: _Active, watch: RunWatch) -> tuple[RunReport, Verdict]:
+        """The run ``watch`` follows, to its end: after a death, every rank started again as
+        many times as the marker allows."""
+        assert active.job is not None
+        job = active.job
+        report = watch.wait_end()
+        attempts: list[str] = []
+        while _death(report) and job.attempt < job.max_restarts:
+            attempts.append(attempt_summary(report, job.attempt))
+            job.remove_run_dir()
+            job = active.job = self._next_run(job, attempt=job.attempt + 1)
+            watch = self._launch(item, job)
+            report = watch.wait_end()
+        if attempts:
+            attempts.append(attempt_summary(report, job.attempt))
+            item.add_report_section("call", "attempts", "\n".join(attempts))
+        verdict = classify(report, watch.setup_done if job.attempt == 0 and job.holds is None else None)
+        if verdict.failure is not None and attempts:
+            verdict.failure.attempts = attempts
+        return report, verdict
+
+    def _explore(
+        self, item: pytest.Item, active: _Active, plan: Exploration, plain: RunReport
+    ) -> tuple[RunReport, Verdict] | None:
+        """Run the passed test again under each schedule of ``plan``: the report and verdict of
+        the first it fails under, or None when it passes them all."""
+        assert active.job is not None and plain.timeline is not None
+        profile = Profile.of({r: plain.timeline.for_rank(r) for r in plain.timeline.ranks})
+        plain_job = active.job
+        for index, seed in enumerate(plan.seeds, 1):
+            plan.restore()
+            held = holds(seed, plain_job.world_size, profile)
+            job = active.job = self._next_run(
+                plain_job, holds={r: [(h.segment, h.point, h.seconds) for h in hs] for r, hs in held.items()}
+            )
+            report, verdict = self._run_to_end(item, active, self._launch(item, job))
+            if verdict.failure is not None:
+                verdict.failure.schedule = [plan.header(index, seed)]
+                verdict.failure.holds = [describe_hold(r, info) for r in sorted(report.held) for info in report.held[r]]
+                plain_job.remove_run_dir()
+                return report, verdict
+            if index < len(plan.seeds):
+                job.remove_run_dir()
+        item.add_report_section("call", "schedules", plan.passed())
+        if active.job is not plain_job:
+            plain_job.remove_run_dir()
+        return None
+
+    def _launch(self, item: pytest.Item, job: Job) -> RunWatch:
+        watch = RunWatch(self.ddp.start_launcher(item.session), job, lend_terminal=self._lend_terminal)
+        watch.start()
+        return watch
+
+    def _next_run(self, job: Job, **changes: Any) -> Job:
+        """The same test on fresh ranks (after a death, or under a schedule): a new group, the
+        same folders."""
+        test_id = f"{os.getpid()}-{next(self._ids)}"
+        run_dir = os.path.join(self.ddp.folder(), f"run-{test_id}")
+        os.mkdir(run_dir)
+        return dataclasses.replace(job, test_id=test_id, run_dir=run_dir, **changes)
 
     def _output_sections(self, item: pytest.Item, report: RunReport) -> None:
         for r, result in sorted(report.results.items()):

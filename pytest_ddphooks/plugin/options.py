@@ -70,6 +70,22 @@ OPTIONS = (
         metavar="K",
     ),
     Option(
+        "ddp_explore",
+        "--ddp-explore",
+        "after a multirank test passes, run it N more times, each under a different seeded schedule"
+        " that holds ranks back at their recorded points; it fails at the first schedule it fails under"
+        " (default 0: off; the marker's explore=N wins)",
+        "0",
+        metavar="N",
+    ),
+    Option(
+        "ddp_schedule",
+        "--ddp-schedule",
+        "run each multirank test once under exactly the schedule of this seed (as a failure found by"
+        " --ddp-explore names it, e.g. 0x5eed1234)",
+        metavar="SEED",
+    ),
+    Option(
         "ddp_preload",
         "",
         "modules the rank launcher imports before it forks ranks, one per line (torch and"

@@ -27,6 +27,7 @@ from _pytest.outcomes import Exit, Skipped, XFailed
 from _pytest.warnings import catch_warnings_for_item
 
 from .. import warning_relay
+from ..faults import Faults
 from ..launch.job import Job
 from ..launch.rank import RankContext
 from ..report import RankResult
@@ -119,7 +120,12 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
     in_rank = True
     started = time.monotonic()
     node_dir = payload.node_dirs[ctx.node_rank] if payload.node_dirs else None
-    builtins: dict[str, Any] = {"rank": ctx.rank, "recorder": ctx.recorder}
+    builtins: dict[str, Any] = {
+        "rank": ctx.rank,
+        "recorder": ctx.recorder,
+        "faults": Faults(ctx.rank, ctx.world_size, ctx.recorder, ctx.job.attempt),
+        "restart_count": ctx.job.attempt,
+    }
     if node_dir is not None:
         from pathlib import Path
 

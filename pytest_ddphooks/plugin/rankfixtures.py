@@ -23,6 +23,8 @@ RANK_LOCAL = frozenset(
     {
         "rank",
         "recorder",
+        "faults",
+        "restart_count",
         "node_tmp_path",
         "monkeypatch",
         "capsys",

@@ -70,6 +70,7 @@ class DdpSession:
                 lambda job: lambda ctx: rankbody.run_in_rank(job, ctx),
                 log_path=os.path.join(self.folder(), "launcher.log"),
                 coverage_config=self.child_env().get(coverage_relay.ENV),
+                keep_terminal=session.config.getoption("capture", "fd") == "no",
             )
             self.launcher.start()
         return self.launcher

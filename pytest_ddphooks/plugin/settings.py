@@ -13,7 +13,8 @@ import pytest
 
 from .. import spmd
 from ..leaks import Allowlist
-from ..spec import MAX_SECONDS
+from ..schedule import EXPLORE_UNDER_TORCHRUN, ScheduleError, parse_seed
+from ..spec import MAX_EXPLORE, MAX_SECONDS
 from .options import DEFAULT_TIMEOUT
 
 
@@ -30,10 +31,12 @@ class Settings:
     spmd: bool = False  # the session runs on ranks torchrun launched
     plain_tests_everywhere: bool = False
     verbose_ranks: bool = False
+    explore: int = 0  # schedules to explore after each multirank test passes
+    schedule: int | None = None  # the one schedule to run each multirank test under
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
-        return cls(
+        settings = cls(
             timeout=_timeout(config),
             leaks=_choice(config, "ddp_leaks", ("fail", "warn", "off")),
             leaks_allow=_allowlist(config),
@@ -45,7 +48,13 @@ class Settings:
             spmd=_spmd_mode(config),
             plain_tests_everywhere=_choice(config, "ddp_plain_tests", ("rank0", "all")) == "all",
             verbose_ranks=bool(config.getoption("ddp_verbose_ranks")),
+            explore=_explore(config),
+            schedule=_schedule(config),
         )
+        if settings.spmd and (settings.explore or settings.schedule is not None):
+            flag = "--ddp-explore" if settings.explore else "--ddp-schedule"
+            raise pytest.UsageError(f"{flag}: {EXPLORE_UNDER_TORCHRUN}")
+        return settings
 
     def import_preload(self) -> None:
         """Import ini ddp_preload now, in the pytest process: the launcher forked from it has
@@ -101,6 +110,24 @@ def _allowlist(config: pytest.Config) -> Allowlist:
         return Allowlist(singletons=True).extended(config.getini("ddp_leaks_allow"))
     except ValueError as exc:
         raise pytest.UsageError(f"ini ddp_leaks_allow: {exc}") from None
+
+
+def _explore(config: pytest.Config) -> int:
+    raw, where = _value(config, "ddp_explore")
+    text = str(raw).strip()
+    if not text.isdigit() or int(text) > MAX_EXPLORE:
+        raise pytest.UsageError(f"{where}: the number of schedules is an int from 0 to {MAX_EXPLORE}")
+    return int(text)
+
+
+def _schedule(config: pytest.Config) -> int | None:
+    raw, where = _value(config, "ddp_schedule")
+    if raw in (None, ""):
+        return None
+    try:
+        return parse_seed(str(raw), where)
+    except ScheduleError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _spmd_mode(config: pytest.Config) -> bool:

@@ -30,6 +30,7 @@ from ..leaks import destroy_groups
 from ..recorder import Recorder
 from ..recorder.timeline import Timeline
 from ..report import RunReport
+from ..schedule import EXPLORE_UNDER_TORCHRUN
 from ..spmd import Coordinator, RankHung, RanksMissing, first_difference, init_group, say
 from ..stacks import format_stack, parse_stacks, user_frame
 from .markers import RUN_KEY
@@ -170,6 +171,9 @@ class SpmdHooks:
         run = pyfuncitem.stash.get(RUN_KEY, None)
         if run is None:
             return (yield)
+        if run.spec.explore or run.spec.schedule is not None:
+            # every rank has the same marker: each fails the test alike, no collective needed
+            raise fail_with(f"multirank(explore=..., schedule=...): {EXPLORE_UNDER_TORCHRUN}")
         item = pyfuncitem
         limit = self.ddp.limit_of(run)
         try:

@@ -72,7 +72,8 @@ class Instance:
         if not end.info.get("async"):
             return end
         done = self.waits.get(rank)
-        return done if done is not None and "error" not in done.info else None
+        # a future's completion is waited out of sight (by DDP's reducer, a callback): unseen
+        return done if done is not None and "error" not in done.info and not done.info.get("future") else None
 
     def never_waited(self) -> list[int]:
         """Members whose asynchronous call (from Python) returned and was never waited for."""

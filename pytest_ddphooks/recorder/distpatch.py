@@ -437,7 +437,7 @@ def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             kind,
             name,
             call,
-            lambda: original(*args, **kwargs),
+            functools.partial(original, *args, **kwargs),
             lambda result: _after_function_call(rec, op, call, result),
         )
 
@@ -550,6 +550,9 @@ def _patch_methods(c10d_c: types.ModuleType) -> None:
     original = getattr(work, "wait", None)
     if original is not None and not hasattr(original, _MARK):
         work.wait = _wrap_wait(original, _awaitable)
+    original = getattr(work, "get_future", None)
+    if original is not None and not hasattr(original, _MARK):
+        work.get_future = _wrap_wait(original, _awaitable, future=True)
 
 
 def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -570,7 +573,7 @@ def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[.
             )
 
         call = describe_safely(build, op)
-        return run_recorded(rec, events.COLLECTIVE, name, call, lambda: original(self, *args, **kwargs))
+        return run_recorded(rec, events.COLLECTIVE, name, call, functools.partial(original, self, *args, **kwargs))
 
     functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wrapper, _MARK, original)
@@ -599,7 +602,7 @@ def _wrap_p2p_method(method: str, op: str, sync: str, original: Callable[..., An
             events.P2P,
             name,
             call,
-            lambda: original(self, tensors, peer, tag, *args, **kwargs),
+            functools.partial(original, self, tensors, peer, tag, *args, **kwargs),
             lambda _: _received(rec, call, call.info.get("src")),
         )
 
@@ -608,8 +611,11 @@ def _wrap_p2p_method(method: str, op: str, sync: str, original: Callable[..., An
     return wrapper
 
 
-def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any]) -> Callable[..., Any]:
-    """Record the wait of an asynchronous call the recorder saw issued: its completion."""
+def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: bool = False) -> Callable[..., Any]:
+    """Record the wait of an asynchronous call the recorder saw issued: its completion. With
+    ``future``, where the call was handed to a future (``Work.get_future``): it was not left
+    unwaited, but whoever waits for the future does so out of sight, so it completes nothing."""
+    suffix = ".get_future" if future else ".wait"
 
     def wait(awaited: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
@@ -620,7 +626,11 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any]) -> Calla
         _, of, name, issued = pending
         info = {k: issued[k] for k in ("op", "group", "ranks", "seq", "sync", "src", "dst", "tag") if k in issued}
         info["of"] = of
-        return run_recorded(rec, events.WAIT, name + ".wait", Call(info), lambda: original(awaited, *args, **kwargs))
+        if future:
+            info["future"] = True
+        return run_recorded(
+            rec, events.WAIT, name + suffix, Call(info), functools.partial(original, awaited, *args, **kwargs)
+        )
 
     functools.update_wrapper(wait, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wait, _MARK, original)
@@ -692,7 +702,7 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
             )
 
         call = describe_safely(build, op)
-        return run_recorded(rec, events.COLLECTIVE, name, call, lambda: original(*args, **kwargs))
+        return run_recorded(rec, events.COLLECTIVE, name, call, functools.partial(original, *args, **kwargs))
 
     functools.update_wrapper(wrapper, original)
     setattr(wrapper, _MARK, original)

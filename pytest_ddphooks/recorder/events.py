@@ -27,7 +27,10 @@ WAIT = "wait"  # the wait for an asynchronous collective or send/recv: where it 
 META = "meta"  # bookkeeping (thread names); never shown as an event
 EXCHANGE = "exchange"  # the rank is inside ``timeline()``: for the watchdog only, never shown
 COUNTERS = "counters"  # a finished rank's last collective per group: for the watchdog only
-WATCH_ONLY = (EXCHANGE, COUNTERS)
+ARMED = "armed"  # a fault armed on this rank (``faults``)
+FIRED = "fired"  # an armed fault acted, right after the event it acts at
+HELD = "held"  # a schedule held the rank back at a point (``--ddp-explore``)
+WATCH_ONLY = (EXCHANGE, COUNTERS, ARMED, FIRED, HELD)
 
 # Phases.
 START = "start"

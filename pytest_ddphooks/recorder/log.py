@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import events
@@ -59,6 +60,9 @@ class EventLog:
         self.born_ns = time.time_ns()  # what native code issued before this log existed is not its own
         self._incarnation = 1  # of the groups: destroy_process_group ends one
         self._pending: dict[int, tuple[Any, int, str, dict[str, Any]]] = {}  # id(work) -> what it completes
+        # called with (kind, phase, name, call id) after each event is written: armed faults,
+        # a schedule's holds (``add_trigger``)
+        self.trigger: Callable[[str, str, str, int], None] | None = None
         main = threading.main_thread()
         self._lane_of(main.ident or 0, main.name)
 
@@ -87,6 +91,24 @@ class EventLog:
             with self._lock:
                 self._file.write((0, time.time_ns(), lane, kind, phase, name, info))
 
+    def add_trigger(self, trigger: Callable[[str, str, str, int], None]) -> None:
+        """Also call ``trigger`` after each event is written, after the ones already there."""
+        previous = self.trigger
+        if previous is None:
+            self.trigger = trigger
+            return
+
+        def both(kind: str, phase: str, name: str, call_id: int) -> None:
+            previous(kind, phase, name, call_id)
+            trigger(kind, phase, name, call_id)
+
+        self.trigger = both
+
+    def write_watch_only(self, kind: str, info: dict[str, Any]) -> None:
+        """What the harness must learn from the event file, even of a rank that then dies (the
+        faults it armed, the one that fired)."""
+        self._write_file_only(kind, events.POINT, kind, info)
+
     def _emit(self, kind: str, phase: str, name: str, info: dict[str, Any] | None, call_id: int) -> int:
         lane = self._lanes.get(threading.get_ident())
         if lane is None:
@@ -94,6 +116,8 @@ class EventLog:
         if phase == events.START and kind in _SYNC_KINDS and (info is None or info.get("effective", True)):
             self._issued[lane] = self._issued.get(lane, 0) + 1
         self._write((call_id, time.time_ns(), lane, kind, phase, name, info))
+        if self.trigger is not None:
+            self.trigger(kind, phase, name, call_id)
         return lane
 
     def begin(self, kind: str, name: str, info: dict[str, Any] | None = None) -> int:

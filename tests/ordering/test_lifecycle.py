@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,9 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from pytest_ddphooks import Timeline
-from reference_trainer import RegressionDataModule, RegressionModule, Trainer, instrument_trainer
+from reference_trainer import Callback, RegressionDataModule, RegressionModule, Trainer, instrument_trainer
 from reference_trainer.task import DATA_FILE
 
 SEEDED = tuple(sorted(filter(None, os.environ.get("REFERENCE_TRAINER_BUGS", "").split(","))))
@@ -192,3 +194,67 @@ def test_in_process_fit_leaves_nothing_behind(launched_here, tmp_path) -> None:
     result = trainer.fit(RegressionModule(), RegressionDataModule(tmp_path))
     assert result.timeline is not None
     check_lifecycle(result.timeline, 1, 1, True, owns_group=True)
+
+
+# -- faults and restarts --------------------------------------------------------------------
+# DDP's gradient all-reduces go through torch's Python comm hook (``allreduce_hook``), one per
+# step: "dist.all_reduce#n" is the n-th training step's.
+
+EPOCHS = 3
+
+
+def steps_per_epoch(world_size: int, batch_size: int = 16) -> int:
+    return RegressionDataModule().n_samples // (world_size * batch_size)
+
+
+def checkpointing_fit(recorder, data: Path, **kwargs) -> tuple[Trainer, torch.Tensor]:
+    trainer = Trainer("ddp", max_epochs=EPOCHS, bugs=SEEDED, timeout=60.0, ddp_comm_hook=allreduce_hook, **kwargs)
+    module, dm = RegressionModule(), RegressionDataModule(data)
+    if recorder is not None:
+        instrument_trainer(recorder, trainer, module, dm)
+    result = trainer.fit(module, dm)
+    return trainer, torch.cat([p.reshape(-1) for p in result.first.params.values()])
+
+
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=LIMIT)
+def test_a_rank_killed_mid_training_resumes_from_the_last_checkpoint(
+    rank, recorder, faults, restart_count, shared_tmp_path
+) -> None:
+    seed_data(shared_tmp_path, 1)
+    # rank 1 dies as it enters its 3rd step of the 2nd epoch: epoch 0's checkpoint is written
+    faults.kill(rank=1, at=f"dist.all_reduce#{steps_per_epoch(2) + 3}")
+    trainer, resumed = checkpointing_fit(
+        recorder, shared_tmp_path, checkpoint_dir=shared_tmp_path / "ckpt", resume=True
+    )
+    assert restart_count == 1, "the fit was not interrupted"
+    assert trainer.resumed_from == 0, (
+        f"the restarted fit did not resume from epoch 0's checkpoint ({trainer.resumed_from=})"
+    )
+    timeline = recorder.timeline()
+    started = [s.rank for s in timeline.spans("on_train_epoch_start")]
+    assert started == [0, 0, 1, 1], f"the restarted fit trained epochs on ranks {started}, expected 2 each"
+    # no rank goes on while rank 0 may still be writing: a rank dying then would restart from a torn file
+    timeline.assert_happens_before("save_checkpoint@0", "on_fit_end")
+    timeline.assert_no_noop_barriers()
+    recorder.close()
+    _, uninterrupted = checkpointing_fit(None, shared_tmp_path)
+    assert torch.equal(resumed, uninterrupted), "the resumed fit ends with other parameters than an uninterrupted one"
+
+
+class StepClock(Callback):
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def on_train_batch_end(self, trainer, module, loss, batch, batch_idx) -> None:
+        self.last = time.monotonic()
+
+
+@pytest.mark.multirank(world_size=2, timeout=LIMIT)
+def test_a_rank_killed_without_restarts_fails_the_fit_of_the_others_fast(rank, faults, shared_tmp_path) -> None:
+    seed_data(shared_tmp_path, 1)
+    faults.kill(rank=1, at="dist.all_reduce#3")
+    clock = StepClock()
+    trainer = Trainer("ddp", bugs=SEEDED, timeout=60.0, ddp_comm_hook=allreduce_hook, callbacks=[clock])
+    with pytest.raises(RuntimeError):  # gloo's closed connection, not a hang until the timeout
+        trainer.fit(RegressionModule(), RegressionDataModule(shared_tmp_path))
+    assert time.monotonic() - clock.last < 5, "rank 0's fit took more than 5 s to fail after its peer died"

@@ -71,6 +71,16 @@ MUTANTS = {
             " for *, in *wrap_model",
         ],
     ),
+    "resume_ignores_checkpoint": (
+        "resume_ignores_checkpoint",
+        "killed_mid_training",
+        ["E*AssertionError: the restarted fit did not resume from epoch 0's checkpoint (trainer.resumed_from=None)"],
+    ),
+    "checkpoint_without_barrier": (
+        "checkpoint_without_barrier",
+        "killed_mid_training",
+        ["E*'save_checkpoint@0' does not happen before 'on_fit_end':", "E*no collective connects them*"],
+    ),
     "teardown_keeps_group": (
         "teardown_keeps_group",
         "test_launched_ranks and external-ws2-nodes1-once or in_process",
@@ -81,6 +91,12 @@ MUTANTS = {
         ],
     ),
 }
+
+
+def test_every_seeded_bug_has_a_mutation_test() -> None:
+    from reference_trainer import BUGS
+
+    assert sorted({bug for bug, _, _ in MUTANTS.values()}) == sorted(BUGS)
 
 
 @pytest.mark.parametrize("case", sorted(MUTANTS))
@@ -103,4 +119,4 @@ def test_the_unmutated_trainer_passes_the_same_selections(pytester: pytest.Pytes
     pytester.makepyfile(test_mutated_lifecycle=SUITE)
     selection = " or ".join(f"({sel})" for _, sel, _ in MUTANTS.values())
     result = pytester.runpytest("-p", "no:cacheprovider", "-k", selection)
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)

@@ -1,0 +1,242 @@
+"""Faults injected at a recorded point of a rank: killed, frozen, slowed, or made to raise.
+
+Every rank runs the same arming code (the ``faults`` fixture); a rank arms only the faults
+that name it (and the current attempt, see restarts). An armed fault watches the rank's own
+recorded events as they are written and acts at the n-th matching one: before the collective
+runs for ``"dist.<op>#n"`` (as it is entered), at the start or the end of an instrumented call,
+at a mark. What was armed and what fired is written to the rank's event file first, so the
+pytest process knows it even of a rank the fault killed.
+
+A rank with nothing armed pays one attribute check per event.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal as signals
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InjectedFault
+from .recorder import collectives, events
+
+KILL, STOP, DELAY, RAISE = "kill", "stop", "delay", "raise"
+
+
+class FaultError(ValueError):
+    """A fault is armed with a bad argument; the message names it."""
+
+
+FaultError.__module__ = "pytest_ddphooks"  # how reports name it: where users import it
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where a fault acts: the n-th event of this phase and name on the rank."""
+
+    text: str  # as the user wrote it
+    phase: str  # events.START, events.END or events.POINT
+    name: str  # the event's name: "dist.all_reduce", "setup", a mark's name
+    n: int = 1
+
+    def matches(self, kind: str, phase: str, name: str) -> bool:
+        return phase == self.phase and name == self.name and (kind == events.MARK) == (phase == events.POINT)
+
+
+def parse_point(at: Any) -> Point:
+    """``"dist.<op>#n"``, ``"start:<name>[#n]"``, ``"end:<name>[#n]"``, ``"mark:<name>[#n]"``."""
+    if not isinstance(at, str) or not at.strip():
+        raise FaultError(f"at={at!r}: give a recorded point, e.g. 'dist.all_reduce#2', 'start:setup', 'mark:saved'")
+    text = at.strip()
+    body, sep, count = text.rpartition("#")
+    if not sep:
+        body, count = text, "1"
+    if not count.isdigit() or int(count) < 1:
+        raise FaultError(f"at={at!r}: the count after '#' must be a number >= 1")
+    n = int(count)
+    if body.startswith("dist."):
+        op = body.removeprefix("dist.")
+        if op not in collectives.OPS:
+            known = ", ".join(f"dist.{o}" for o in sorted(collectives.OPS))
+            raise FaultError(f"at={at!r}: the recorder names no call {body!r} (it records {known})")
+        return Point(text, events.START, body, n)
+    prefix, colon, name = body.partition(":")
+    phases = {"start": events.START, "end": events.END, "mark": events.POINT}
+    if not colon or prefix not in phases or not name:
+        raise FaultError(
+            f"at={at!r}: not a point the recorder knows; use 'dist.<op>#n', 'start:<name>', 'end:<name>'"
+            " or 'mark:<name>', optionally with '#n'"
+        )
+    return Point(text, phases[prefix], name, n)
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str  # KILL, STOP, DELAY, RAISE
+    ranks: tuple[int, ...]
+    at: Point
+    attempt: int = 0
+    signal: int = signals.SIGKILL
+    seconds: float = 0.0
+    exc: Any = None  # what RAISE raises: an exception, a class, or None for InjectedFault
+
+    @property
+    def call(self) -> str:
+        """``kill(at='dist.all_reduce#2')``: how a report names what happened to a rank."""
+        extra = ""
+        if self.action == KILL and self.signal != signals.SIGKILL:
+            extra = f", signal={signals.Signals(self.signal).name!r}"
+        elif self.action == DELAY:
+            extra = f", seconds={self.seconds:g}"
+        name = "raise_" if self.action == RAISE else self.action
+        return f"{name}(at={self.at.text!r}{extra})"
+
+    def armed_as(self, rank: int) -> str:
+        """``kill(rank=1, at='dist.all_reduce#2')``"""
+        return self.call.replace("(", f"(rank={rank}, ", 1)
+
+    @property
+    def sign(self) -> str:
+        """What a hang report says happened: ``SIGKILL``, ``SIGSTOP``, ``delay``, ``raise``."""
+        if self.action == KILL:
+            return signals.Signals(self.signal).name
+        return "SIGSTOP" if self.action == STOP else self.action
+
+
+def _ranks(rank: Any, world_size: int) -> tuple[int, ...]:
+    ranks = list(rank) if isinstance(rank, (list, tuple, set, frozenset)) else [rank]
+    if not ranks:
+        raise FaultError("rank=[]: name at least one rank")
+    for r in ranks:
+        if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world_size:
+            raise FaultError(f"rank={rank!r}: a rank is an int from 0 to {world_size - 1}")
+    return tuple(sorted(set(ranks)))
+
+
+def _signal(value: Any) -> int:
+    if isinstance(value, str):
+        try:
+            return int(signals.Signals[value if value.startswith("SIG") else "SIG" + value])
+        except KeyError:
+            raise FaultError(f"signal={value!r}: not a signal name (e.g. 'SIGKILL', 'SIGTERM')") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return int(signals.Signals(value))
+        except ValueError:
+            raise FaultError(f"signal={value!r}: not a signal number") from None
+    raise FaultError(f"signal={value!r}: give a signal name such as 'SIGKILL'")
+
+
+@dataclass
+class _Armed:
+    fault: Fault
+    seen: int = 0
+    fired: bool = False
+
+
+@dataclass
+class FaultTrigger:
+    """The faults armed on one rank, watching its events (``EventLog.trigger``)."""
+
+    log: Any
+    armed: list[_Armed] = field(default_factory=list)
+
+    def __call__(self, kind: str, phase: str, name: str, call_id: int) -> None:
+        for entry in self.armed:
+            if entry.fired or not entry.fault.at.matches(kind, phase, name):
+                continue
+            entry.seen += 1
+            if entry.seen == entry.fault.at.n:
+                entry.fired = True
+                self._fire(entry.fault, call_id, phase)
+
+    def _fire(self, fault: Fault, call_id: int, phase: str) -> None:
+        info = {"fault": fault.call, "action": fault.action, "sign": fault.sign, "call_id": call_id, "phase": phase}
+        self.log.write_watch_only(events.FIRED, info)
+        if fault.action == KILL:
+            os.kill(os.getpid(), fault.signal)
+            time.sleep(1.0)  # a signal that does not end at once still ends the process soon
+        elif fault.action == STOP:
+            os.kill(os.getpid(), signals.SIGSTOP)
+        elif fault.action == DELAY:
+            time.sleep(fault.seconds)
+        else:
+            exc = fault.exc
+            if exc is None:
+                raise InjectedFault(f"injected fault {fault.call}")
+            raise exc() if isinstance(exc, type) else exc
+
+
+class Faults:
+    """What the ``faults`` fixture gives a rank: arm faults that act on the ranks they name."""
+
+    def __init__(self, rank: int, world_size: int, log: Any, attempt: int = 0) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.attempt = attempt
+        self._log = log
+        self._trigger: FaultTrigger | None = None
+
+    def _arm(self, fault: Fault) -> Fault:
+        if not isinstance(fault.attempt, int) or isinstance(fault.attempt, bool) or fault.attempt < 0:
+            raise FaultError(f"attempt={fault.attempt!r}: an attempt is an int >= 0")
+        if self.rank in fault.ranks and fault.attempt == self.attempt:
+            if self._trigger is None:
+                self._trigger = FaultTrigger(self._log)
+                self._log.add_trigger(self._trigger)
+            self._trigger.armed.append(_Armed(fault))
+            self._log.write_watch_only(
+                events.ARMED,
+                {"fault": fault.armed_as(self.rank), "call": fault.call, "at": fault.at.text, "sign": fault.sign},
+            )
+        return fault
+
+    def kill(self, rank: Any, at: str, signal: Any = "SIGKILL", *, attempt: int = 0) -> Fault:
+        """The rank's process gets ``signal`` (SIGKILL) at that point."""
+        return self._arm(Fault(KILL, _ranks(rank, self.world_size), parse_point(at), attempt, signal=_signal(signal)))
+
+    def stop(self, rank: Any, at: str, *, attempt: int = 0) -> Fault:
+        """SIGSTOP at that point: the rank is frozen, alive and its sockets open; killed at the end."""
+        return self._arm(Fault(STOP, _ranks(rank, self.world_size), parse_point(at), attempt))
+
+    def delay(self, rank: Any, at: str, seconds: float, *, attempt: int = 0) -> Fault:
+        """The rank sleeps ``seconds`` there."""
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            raise FaultError(f"seconds={seconds!r}: a delay is a number of seconds >= 0")
+        return self._arm(Fault(DELAY, _ranks(rank, self.world_size), parse_point(at), attempt, seconds=float(seconds)))
+
+    def raise_(self, rank: Any, at: str, exc: Any = None, *, attempt: int = 0) -> Fault:
+        """Raise ``exc`` (``pytest_ddphooks.InjectedFault`` by default) there."""
+        if (
+            exc is not None
+            and not isinstance(exc, BaseException)
+            and not (isinstance(exc, type) and issubclass(exc, BaseException))
+        ):
+            raise FaultError(f"exc={exc!r}: give an exception or an exception class")
+        return self._arm(Fault(RAISE, _ranks(rank, self.world_size), parse_point(at), attempt, exc=exc))
+
+
+UNDER_TORCHRUN = (
+    "faults need the plugin's own ranks: under torchrun the ranks belong to torchrun's agent; run this test"
+    " without torchrun"
+)
+OUTSIDE_MULTIRANK = "faults act on the ranks of a multirank test: mark the test @pytest.mark.multirank"
+
+
+class UnavailableFaults:
+    """Where no rank is the plugin's own, arming a fault is an error that says why."""
+
+    def __init__(self, why: str) -> None:
+        self._why = why
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise FaultError(self._why)

@@ -1,0 +1,71 @@
+"""Which schedules a multirank test is explored under (``--ddp-explore``, ``--ddp-schedule``,
+``multirank(explore=N, schedule=SEED)``), and the folders each schedule starts from."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+from ..schedule import format_seed, seeds
+
+
+@dataclass
+class Exploration:
+    """The schedules of one test after its plain run, and a copy of the folders its fixtures
+    made (``tmp_path``, the node folders) as they were before that run: every schedule starts
+    from them as the plain run did, not from what the runs before it left there."""
+
+    seeds: list[int]
+    replay: bool  # one given seed (--ddp-schedule), not an exploration
+    folders: list[str] = field(default_factory=list)
+    _copies: list[str] = field(default_factory=list)
+
+    @classmethod
+    def plan(cls, test: str, base: int, explore: int, schedule: int | None) -> Exploration | None:
+        if schedule is not None:
+            return cls([schedule], replay=True)
+        if explore > 0:
+            return cls(seeds(base, test, explore), replay=False)
+        return None
+
+    def keep(self, folders: list[str], scratch: str) -> None:
+        """Copy ``folders`` as they are now (before the plain run) into ``scratch``."""
+        for folder in folders:
+            if not os.path.isdir(folder):
+                continue
+            copy = tempfile.mkdtemp(prefix="schedule-start-", dir=scratch)
+            shutil.copytree(folder, copy, symlinks=True, dirs_exist_ok=True)
+            self.folders.append(folder)
+            self._copies.append(copy)
+
+    def restore(self) -> None:
+        """Put the folders back as they were before the plain run."""
+        for folder, copy in zip(self.folders, self._copies, strict=True):
+            for name in os.listdir(folder):
+                path = os.path.join(folder, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+            shutil.copytree(copy, folder, symlinks=True, dirs_exist_ok=True)
+
+    def discard(self) -> None:
+        for copy in self._copies:
+            shutil.rmtree(copy, ignore_errors=True)
+        self._copies.clear()
+        self.folders.clear()
+
+    def header(self, index: int, seed: int) -> str:
+        """The first line of a failure found under a schedule."""
+        text = format_seed(seed)
+        if self.replay:
+            return f"failed under schedule {text} (--ddp-schedule={text})"
+        return f"failed under schedule {index} of {len(self.seeds)} (seed {text}); replay with --ddp-schedule={text}"
+
+    def passed(self) -> str:
+        if self.replay:
+            return f"passed under schedule {format_seed(self.seeds[0])}"
+        listed = ", ".join(map(format_seed, self.seeds))
+        return f"passed under all {len(self.seeds)} schedules explored (seeds {listed})"

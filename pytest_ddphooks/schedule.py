@@ -1,0 +1,213 @@
+"""Seeded schedules: which rank is held back where, and for how long, so that an order no
+synchronisation enforces gets inverted.
+
+The points are a rank's recorded events on its main thread (hooks and methods of instrumented
+targets, barriers, marks, collectives and their waits, joining a group), plus the rank's start. A
+rank's points fall into *segments*: a segment ends where a collective (or a send, a receive, a
+wait) returns, which is the last place every member is known to have reached together. Within a
+segment nothing orders one rank's points against another's, so that is where a schedule acts:
+
+- for each segment, a random priority order of the ranks (PCT's random priorities, one draw per
+  segment, which plays the part of PCT's priority change points at every synchronisation): the
+  rank of priority j is held j times the segment's hold unit, so every pair of ranks runs that
+  segment in either order with probability 1/2, whatever the natural timing;
+- the hold unit exceeds how long the segment took in the plain run (``Profile``), so the held
+  rank reaches the segment's points after the others have gone through theirs;
+- half the time the hold is placed not at the segment's start but at a random point inside it
+  (a change point), which interleaves the two ranks' points instead of putting one wholly first.
+
+A hold is a sleep: it always ends, so a schedule cannot deadlock correct code, and a rank held
+while its peers wait in a collective only makes them wait longer (a hold is never inside a
+collective, so the desync detector sees nothing to compare). Only a segment's span is measured:
+the schedule is a function of the seed and the plain run's profile, and replaying a seed on the
+same code gives the same holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .recorder import events
+
+# the events a schedule can act at, on the main thread; those issued from native code appear
+# only later (read from torch's flight recorder), so they are no points
+POINT_KINDS = frozenset(
+    (events.CALL, events.BARRIER, events.MARK, events.COLLECTIVE, events.P2P, events.GROUP, events.WAIT)
+)
+# where a segment ends: a call that returns only once its peers reached it (joining a group too)
+_SYNC_KINDS = frozenset((events.COLLECTIVE, events.P2P, events.WAIT, events.GROUP))
+
+MIN_HOLD = 0.01  # seconds: more than the scheduling noise of a busy 2-core machine
+MAX_HOLD = 1.0
+MAX_SEGMENTS = 16  # perturbed per schedule: a long test gets a random choice of its segments
+RANK_START = "the rank's start"
+
+
+EXPLORE_UNDER_TORCHRUN = (
+    "schedules need the plugin's own ranks: under torchrun the ranks belong to torchrun's agent, which"
+    " starts each test once; run the exploration without torchrun"
+)
+
+
+class ScheduleError(ValueError):
+    """A seed or an exploration count that cannot be used; the message names it."""
+
+
+def parse_seed(value: Any, where: str) -> int:
+    """A seed as the user wrote it: an int, or its text (``0x5eed1234`` or decimal)."""
+    if isinstance(value, bool):
+        raise ScheduleError(f"{where}: a seed is an int or its text (e.g. 0x5eed1234), got {value!r}")
+    if isinstance(value, int):
+        seed = value
+    elif isinstance(value, str):
+        try:
+            seed = int(value.strip(), 0)
+        except ValueError:
+            raise ScheduleError(f"{where}: {value!r} is not a seed (an int, e.g. 0x5eed1234)") from None
+    else:
+        raise ScheduleError(f"{where}: a seed is an int or its text (e.g. 0x5eed1234), got {value!r}")
+    if not 0 <= seed < 1 << 64:
+        raise ScheduleError(f"{where}: a seed is from 0 to 2**64-1, got {seed}")
+    return seed
+
+
+def format_seed(seed: int) -> str:
+    return f"0x{seed:08x}"
+
+
+def seeds(base: int, test: str, count: int) -> list[int]:
+    """``count`` seeds for one test's schedules, different for every test and session base."""
+    out = []
+    for i in range(count):
+        digest = hashlib.blake2b(f"{base}:{test}:{i}".encode(), digest_size=4).digest()
+        out.append(int.from_bytes(digest, "big"))
+    return out
+
+
+# -- what the plain run looked like ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    points: int  # including point 0: the segment's start
+    seconds: float  # from its start to its last point (where the rank enters the next collective)
+
+
+@dataclass
+class Profile:
+    """Each rank's segments in a plain run: how many points, and how long each took."""
+
+    ranks: dict[int, list[Segment]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, by_rank: Mapping[int, Sequence[events.Event]]) -> Profile:
+        profile = cls()
+        for rank, evs in by_rank.items():
+            segments: list[Segment] = []
+            points, started, last = 1, None, None  # point 0 of segment 0 is the rank's start
+            for e in evs:
+                if not _is_point(e.kind, e.lane, e.info):
+                    continue
+                if started is None:
+                    started = e.t_ns
+                if e.phase == events.END and e.kind in _SYNC_KINDS:
+                    segments.append(Segment(points, _seconds(started, last)))
+                    points, started = 1, e.t_ns
+                else:
+                    points += 1
+                last = e.t_ns
+            segments.append(Segment(points, _seconds(started, last)))
+            profile.ranks[rank] = segments
+        return profile
+
+    @property
+    def segments(self) -> int:
+        return max((len(s) for s in self.ranks.values()), default=1)
+
+
+def _seconds(start: int | None, end: int | None) -> float:
+    return 0.0 if start is None or end is None else max(end - start, 0) / 1e9
+
+
+def _is_point(kind: str, lane: int, info: Mapping[str, Any] | None) -> bool:
+    return lane == 0 and kind in POINT_KINDS and not (info and info.get("native"))
+
+
+# -- a schedule --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hold:
+    segment: int
+    point: int  # 0: the segment's start
+    seconds: float
+
+
+def holds(seed: int, world_size: int, profile: Profile) -> dict[int, list[Hold]]:
+    """What each rank is held, where, under the schedule of ``seed``."""
+    rng = random.Random(seed)
+    count = profile.segments
+    chosen = sorted(rng.sample(range(count), min(count, MAX_SEGMENTS)))
+    out: dict[int, list[Hold]] = {r: [] for r in range(world_size)}
+    for k in chosen:
+        spans = [segs[k].seconds for segs in profile.ranks.values() if k < len(segs)]
+        unit = min(max(1.5 * max(spans, default=0.0) + MIN_HOLD, MIN_HOLD), MAX_HOLD)
+        order = list(range(world_size))
+        rng.shuffle(order)  # order[j]: the rank of priority j
+        inside = rng.random() < 0.5
+        for priority, rank in enumerate(order):
+            if priority == 0:
+                continue
+            segs = profile.ranks.get(rank, [])
+            points = segs[k].points if k < len(segs) else 1
+            # a change point inside the segment, before its last point (entering the next collective)
+            point = rng.randrange(1, points - 1) if inside and points > 2 else 0
+            out[rank].append(Hold(k, point, priority * unit))
+    return out
+
+
+class ScheduleHook:
+    """Runs one rank's holds: counts its points as they are recorded and sleeps at its own.
+
+    Called with (kind, phase, name, call id) after each event is written, as armed faults are
+    (``EventLog.trigger``); ``begin()`` is the body's start, point 0 of segment 0.
+    """
+
+    def __init__(self, own: Sequence[Hold], report: Callable[[dict[str, Any]], None]) -> None:
+        self._at = {(h.segment, h.point): h.seconds for h in own}
+        self._report = report
+        self._main = threading.main_thread()
+        self.segment = 0
+        self.point = 0
+
+    def begin(self) -> None:
+        self._hold(RANK_START)
+
+    def __call__(self, kind: str, phase: str, name: str, call_id: int) -> None:
+        if kind not in POINT_KINDS or threading.current_thread() is not self._main:
+            return
+        if phase == events.END and kind in _SYNC_KINDS:
+            self.segment, self.point = self.segment + 1, 0
+        else:
+            self.point += 1
+        if self._at:
+            self._hold(f"{phase}:{name}" if phase != events.POINT else f"{kind}:{name}")
+
+    def _hold(self, where: str) -> None:
+        seconds = self._at.pop((self.segment, self.point), None)
+        if seconds is None:
+            return
+        self._report({"seconds": seconds, "at": where, "segment": self.segment, "point": self.point})
+        time.sleep(seconds)
+
+
+def describe_hold(rank: int, info: Mapping[str, Any]) -> str:
+    """``rank 0 held 40 ms at start:prepare_data``"""
+    ms = float(info.get("seconds", 0.0)) * 1000
+    return f"rank {rank} held {ms:.0f} ms at {info.get('at')}"

@@ -1,0 +1,133 @@
+"""Schedule exploration as a user meets it: a race a test does not assert is found, the seed
+it names replays it, a correct test passes every schedule, and bad input is named."""
+
+from __future__ import annotations
+
+import re
+
+RACE = """
+import pytest
+import torch.distributed as dist
+
+
+def busy(n):
+    return sum(i * i for i in range(n))
+
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_read_without_barrier(rank, shared_tmp_path):
+    data = shared_tmp_path / "data.txt"
+    if rank == 0:
+        data.write_text("42")
+    # the bug: no dist.barrier() here; rank 1 is busy first, so it reads late enough by luck
+    if rank == 1:
+        busy(300_000)
+        assert data.read_text() == "42"
+    dist.barrier()
+"""
+
+FIXED = """
+import pytest
+import torch.distributed as dist
+
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_read_after_barrier(rank, shared_tmp_path, recorder):
+    data = shared_tmp_path / "data.txt"
+    if rank == 0:
+        # every schedule starts from the folder as the fixtures made it, not as a run left it
+        assert not (shared_tmp_path / "left-by-an-earlier-run").exists()
+        (shared_tmp_path / "left-by-an-earlier-run").touch()
+        recorder.mark("writing")
+        data.write_text("42")
+    dist.barrier()
+    if rank == 1:
+        recorder.mark("reading")
+        assert data.read_text() == "42"
+    dist.barrier()
+"""
+
+
+def _seed(text: str) -> str:
+    found = re.search(r"replay with --ddp-schedule=(0x[0-9a-f]+)", text)
+    assert found is not None, text
+    return found.group(1)
+
+
+def test_exploration_finds_a_race_the_test_does_not_assert(inner) -> None:
+    plain = inner(RACE)
+    plain.result.assert_outcomes(passed=1)
+    ran = inner(RACE, "--ddp-explore=20")
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "failed under schedule * of 20 (seed 0x*); replay with --ddp-schedule=0x*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 1: failed: FileNotFoundError: *data.txt*",
+    )
+    ran.lines("where the schedule held the ranks:", "  rank 0 held * ms at *")
+    # the summary line (pytest cuts it to the terminal's width) starts with the schedule
+    ran.lines("FAILED test_inner.py::test_read_without_barrier - failed under schedule *")
+
+
+def test_the_seed_a_failure_names_replays_it(inner) -> None:
+    found = inner(RACE, "--ddp-explore=20")
+    seed = _seed(found.text)
+    for _ in range(3):
+        again = inner(RACE, f"--ddp-schedule={seed}")
+        again.result.assert_outcomes(failed=1)
+        again.lines(f"failed under schedule {seed} (--ddp-schedule={seed})", "*FileNotFoundError*")
+
+
+def test_the_marker_explores_and_replays_too(inner) -> None:
+    found = inner(RACE.replace("timeout=30", "timeout=30, explore=20"))
+    found.result.assert_outcomes(failed=1)
+    seed = _seed(found.text)
+    again = inner(RACE.replace("timeout=30", f"timeout=30, schedule={seed}"))
+    again.result.assert_outcomes(failed=1)
+    again.lines(f"failed under schedule {seed} (--ddp-schedule={seed})")
+
+
+def test_a_correct_test_passes_every_schedule_from_its_own_start(inner) -> None:
+    ran = inner(FIXED, "--ddp-explore=30", "-rA")
+    ran.result.assert_outcomes(passed=1)
+    ran.lines("*Captured schedules call*", "passed under all 30 schedules explored (seeds 0x*, 0x*")
+    ran.no_lines("*desync*")
+
+
+def test_exploration_is_off_by_default_and_runs_nothing_more(inner) -> None:
+    ran = inner(FIXED, "-rA")
+    ran.result.assert_outcomes(passed=1)
+    ran.no_lines("*schedules*")
+
+
+def test_exploration_under_xdist(inner) -> None:
+    ran = inner(RACE + FIXED.split("\n\n\n", 1)[1], "--ddp-explore=20", "-n", "2")
+    ran.result.assert_outcomes(passed=1, failed=1)
+    ran.lines("*failed under schedule * of 20 (seed 0x*); replay with --ddp-schedule=0x*")
+
+
+def test_bad_exploration_input_is_named(inner) -> None:
+    for flag, words in (
+        ("--ddp-explore=abc", "ERROR: --ddp-explore=abc: the number of schedules is an int from 0 to 10000"),
+        ("--ddp-explore=-1", "ERROR: --ddp-explore=-1: the number of schedules is an int from 0 to 10000"),
+        ("--ddp-schedule=zz", "ERROR: --ddp-schedule=zz: 'zz' is not a seed (an int, e.g. 0x5eed1234)"),
+    ):
+        ran = inner(FIXED, flag)
+        assert ran.result.ret == 4, ran.text
+        ran.result.stderr.fnmatch_lines([words])
+    ran = inner(
+        """
+import pytest
+
+@pytest.mark.multirank(world_size=2, explore=-1)
+def test_negative(rank):
+    pass
+
+@pytest.mark.multirank(world_size=2, schedule="soon")
+def test_not_a_seed(rank):
+    pass
+"""
+    )
+    ran.result.assert_outcomes(errors=2)
+    ran.lines("*@pytest.mark.multirank: explore must be an int from 0 to 10000 (schedules), got -1 (int)")
+    ran.lines("*@pytest.mark.multirank: schedule: 'soon' is not a seed (an int, e.g. 0x5eed1234)")

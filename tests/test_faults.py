@@ -1,0 +1,236 @@
+"""Faults injected at a recorded point of a rank, each kind firing and not firing, the verdict
+rules, elastic restarts with and without a death, and the errors of arming them."""
+
+from __future__ import annotations
+
+PRELUDE = """
+import os
+import time
+import pytest
+import torch
+import torch.distributed as dist
+from pytest_ddphooks import FaultError, InjectedFault
+
+
+def two_steps():
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+"""
+
+
+def test_a_killed_peer_makes_the_other_rank_fail_fast_and_the_test_passes(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_peer_death_fails_fast(rank, faults):
+    faults.kill(rank=1, at="dist.all_reduce#2")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):  # rank 0 sees gloo's closed connection, never a hang
+        two_steps()
+    assert time.monotonic() - started < 5
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=1)
+    assert ran.seconds < 25
+
+
+def test_the_report_says_what_was_injected_where_and_when(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_rank0_does_not_expect_it(rank, faults):
+    faults.kill(rank=1, at="dist.all_reduce#2")
+    two_steps()
+"""
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("rank 1 was killed by the injected fault kill(at='dist.all_reduce#2') at event #*")
+    ran.lines("*rank 0: failed: RuntimeError: *")
+
+
+def test_a_fault_whose_point_is_never_reached_fails_the_test(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_one_step_only(rank, faults):
+    faults.kill(rank=1, at="dist.all_reduce#2")
+    dist.all_reduce(torch.ones(1))
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_a_mark_never_made(rank, faults, recorder):
+    faults.delay(rank=0, at="mark:checkpoint", seconds=0.1)
+"""
+    )
+    ran.result.assert_outcomes(failed=2)
+    ran.lines("injected fault kill(rank=1, at='dist.all_reduce#2') never fired: rank 1 made 1 all_reduce call")
+    ran.lines(
+        "injected fault delay(rank=0, at='mark:checkpoint', seconds=0.1) never fired:"
+        " rank 0 marked 'checkpoint' 0 times"
+    )
+
+
+def test_a_stopped_rank_is_frozen_and_a_hang_after_it_says_so(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=3)
+def test_peer_frozen_in_barrier(rank, faults):
+    faults.stop(rank=1, at="dist.barrier#1")
+    dist.barrier()
+"""
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "rank 1 was stopped by the injected fault stop(at='dist.barrier#1') at event #*",
+        "hang: the test did not finish within 3 s (2 ranks), after the injected SIGSTOP of rank 1",
+        "  rank 0: blocked in barrier #1 on the default group for *",
+        "*",
+        "  rank 1: stopped (SIGSTOP): stopped by the injected fault stop(at='dist.barrier#1') at event #*",
+    )
+    ran.lines("rank 0 stack, MainThread (most recent call last):")
+
+
+def test_a_stopped_rank_the_others_do_not_need_lets_the_test_pass(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_frozen_rank_alone(rank, faults, recorder):
+    faults.stop(rank=1, at="mark:alone")
+    if rank == 1:
+        recorder.mark("alone")
+"""
+    )
+    ran.result.assert_outcomes(passed=1)
+    assert ran.seconds < 25
+
+
+def test_a_delay_slows_the_rank_at_its_point(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_slow_peer(rank, faults):
+    faults.delay(rank=[1], at="dist.barrier#1", seconds=0.4)
+    started = time.monotonic()
+    dist.barrier()
+    assert time.monotonic() - started >= 0.35  # rank 0 waited for its slow peer
+"""
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_raise_injects_an_exception_at_the_point(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+class Trainer:
+    def setup(self):
+        pass
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_raises_at_setup(rank, faults, recorder):
+    trainer = recorder.instrument(Trainer())
+    faults.raise_(rank=0, at="start:setup")
+    faults.raise_(rank=1, at="end:setup", exc=ValueError("bad data"))
+    expected = InjectedFault if rank == 0 else ValueError
+    with pytest.raises(expected, match="injected fault raise_" if rank == 0 else "bad data"):
+        trainer.setup()
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_not_caught(rank, faults):
+    faults.raise_(rank=1, at="dist.barrier#1")
+    dist.barrier()
+"""
+    )
+    ran.result.assert_outcomes(passed=1, failed=1)
+    ran.lines("*rank 1: failed: pytest_ddphooks.InjectedFault: injected fault raise_(at='dist.barrier#1')*")
+
+
+def test_bad_faults_are_errors_at_arming(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=30)
+@pytest.mark.parametrize("case", range(6))
+def test_arm(rank, faults, case):
+    arm = [
+        lambda: faults.kill(rank=1, at="dist.all_reduse#2"),
+        lambda: faults.kill(rank=1, at="middle:setup"),
+        lambda: faults.kill(rank=1, at="dist.barrier#0"),
+        lambda: faults.kill(rank=2, at="dist.barrier#1"),
+        lambda: faults.kill(rank=1, at="dist.barrier#1", signal="SIGNOPE"),
+        lambda: faults.delay(rank=1, at="dist.barrier#1", seconds=-1),
+    ][case]
+    with pytest.raises(FaultError) as bad:
+        arm()
+    print(bad.value)
+
+def test_outside_a_multirank_test(faults):
+    faults.kill(rank=0, at="dist.barrier#1")
+""",
+        "-s",
+        subprocess=True,
+    )
+    ran.result.assert_outcomes(passed=6, failed=1)
+    ran.lines("*[[]rank 0[]] at='dist.all_reduse#2': the recorder names no call 'dist.all_reduse' (it records *")
+    ran.lines("*[[]rank 0[]] at='middle:setup': not a point the recorder knows; use 'dist.<op>#n', *")
+    ran.lines("*[[]rank 0[]] at='dist.barrier#0': the count after '#' must be a number >= 1")
+    ran.lines("*[[]rank 0[]] rank=2: a rank is an int from 0 to 1")
+    ran.lines("*[[]rank 0[]] signal='SIGNOPE': not a signal name (e.g. 'SIGKILL', 'SIGTERM')")
+    ran.lines("*[[]rank 0[]] seconds=-1: a delay is a number of seconds >= 0")
+    ran.lines("*FaultError: faults act on the ranks of a multirank test*")
+
+
+def test_a_rank_that_dies_is_restarted_with_every_other_rank(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=60)
+def test_resumes(rank, faults, restart_count, shared_tmp_path):
+    assert os.environ["TORCHELASTIC_RESTART_COUNT"] == str(restart_count)
+    (shared_tmp_path / f"attempt{restart_count}-rank{rank}").write_text(str(os.getpid()))
+    faults.kill(rank=1, at="dist.all_reduce#2")  # attempt 0 only
+    two_steps()
+    assert restart_count == 1
+    assert sorted(p.name for p in shared_tmp_path.iterdir()) == [
+        "attempt0-rank0", "attempt0-rank1", "attempt1-rank0", "attempt1-rank1"]
+    pids = {p.read_text() for p in shared_tmp_path.iterdir()}
+    assert len(pids) == 4, "fresh processes"
+
+@pytest.mark.multirank(world_size=2, restarts=2)
+def test_no_death_no_restart(rank, restart_count):
+    assert restart_count == 0
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=2)
+    ran.lines(
+        "*- Captured attempts call -*",
+        "attempt 0: rank 0 stopped after rank 1 died (killed by SIGKILL); rank 1 killed by the injected fault"
+        " kill(at='dist.all_reduce#2') at event #*",
+        "attempt 1: rank 0 passed; rank 1 passed",
+    )
+
+
+def test_a_test_whose_last_attempt_fails_reports_every_attempt(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=60)
+def test_dies_twice(rank, faults):
+    faults.kill(rank=1, at="dist.all_reduce#1", attempt=0)
+    faults.kill(rank=1, at="dist.all_reduce#1", attempt=1)
+    dist.all_reduce(torch.ones(1))
+"""
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "attempt 0: rank 0 stopped after rank 1 died (killed by SIGKILL); rank 1 killed by the injected fault *",
+        "attempt 1: *rank 1 killed by the injected fault kill(at='dist.all_reduce#1') at event #*",
+    )

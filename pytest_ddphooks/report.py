@@ -109,6 +109,7 @@ class RunReport:
     armed: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> faults armed on it
     fired: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> injected faults that acted
     held: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> where its schedule held it
+    began_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its recorder began (time_ns)
     duration: float = 0.0
     stopped_at_ns: int = 0
 

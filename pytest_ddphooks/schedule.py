@@ -7,10 +7,11 @@ rank's points fall into *segments*: a segment ends where a collective (or a send
 wait) returns, which is the last place every member is known to have reached together. Within a
 segment nothing orders one rank's points against another's, so that is where a schedule acts:
 
-- for each segment, a random priority order of the ranks (PCT's random priorities, one draw per
-  segment, which plays the part of PCT's priority change points at every synchronisation): the
-  rank of priority j is held j times the segment's hold unit, so every pair of ranks runs that
-  segment in either order with probability 1/2, whatever the natural timing;
+- a random priority order of the ranks, as PCT draws thread priorities, drawn again at each
+  segment with probability 1/4 (PCT's priority change points): in each segment the rank of
+  priority j is held j times the segment's hold unit, so every pair of ranks runs a segment in
+  either order with probability 1/2 whatever the natural timing, and two segments in the same
+  order more often than not (a bug that needs one rank late twice);
 - the hold unit exceeds how long the segment took in the plain run (``Profile``), so the held
   rank reaches the segment's points after the others have gone through theirs;
 - half the time the hold is placed not at the segment's start but at a random point inside it
@@ -25,7 +26,9 @@ same code gives the same holds.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import random
 import threading
 import time
@@ -46,6 +49,7 @@ _SYNC_KINDS = frozenset((events.COLLECTIVE, events.P2P, events.WAIT, events.GROU
 MIN_HOLD = 0.01  # seconds: more than the scheduling noise of a busy 2-core machine
 MAX_HOLD = 1.0
 MAX_SEGMENTS = 16  # perturbed per schedule: a long test gets a random choice of its segments
+CHANGE = 0.25  # the chance that the ranks' priorities are drawn again at a segment
 RANK_START = "the rank's start"
 
 
@@ -96,7 +100,13 @@ def seeds(base: int, test: str, count: int) -> list[int]:
 @dataclass(frozen=True)
 class Segment:
     points: int  # including point 0: the segment's start
-    seconds: float  # from its start to its last point (where the rank enters the next collective)
+    start_ns: int  # its start, and its last point (where the rank enters the next collective)
+    end_ns: int
+    until_ns: int = 0  # when the next one began: the collective that ends it returned
+
+    @property
+    def seconds(self) -> float:
+        return max(self.end_ns - self.start_ns, 0) / 1e9
 
 
 @dataclass
@@ -106,33 +116,59 @@ class Profile:
     ranks: dict[int, list[Segment]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, by_rank: Mapping[int, Sequence[events.Event]]) -> Profile:
+    def of(cls, by_rank: Mapping[int, Sequence[events.Event]], began_ns: Mapping[int, int]) -> Profile:
+        """``began_ns``: when each rank began (its point 0), on the events' clock."""
         profile = cls()
         for rank, evs in by_rank.items():
             segments: list[Segment] = []
-            points, started, last = 1, None, None  # point 0 of segment 0 is the rank's start
+            points, started, last = 1, began_ns.get(rank), None  # point 0 of segment 0: the rank's start
             for e in evs:
                 if not _is_point(e.kind, e.lane, e.info):
                     continue
                 if started is None:
                     started = e.t_ns
                 if e.phase == events.END and e.kind in _SYNC_KINDS:
-                    segments.append(Segment(points, _seconds(started, last)))
+                    segments.append(_segment(points, started, last))
                     points, started = 1, e.t_ns
                 else:
                     points += 1
                 last = e.t_ns
-            segments.append(Segment(points, _seconds(started, last)))
-            profile.ranks[rank] = segments
+            segments.append(_segment(points, started, last))
+            profile.ranks[rank] = [
+                dataclasses.replace(s, until_ns=nxt.start_ns) for s, nxt in itertools.pairwise(segments)
+            ] + [dataclasses.replace(segments[-1], until_ns=segments[-1].end_ns)]
         return profile
 
     @property
     def segments(self) -> int:
         return max((len(s) for s in self.ranks.values()), default=1)
 
+    def unit(self, rank: int, k: int) -> float:
+        """The hold unit of the rank's segment ``k``: longer than the segment and than every
+        segment of another rank that ran at the same time in the plain run, which are what it
+        can race with (segment k of one rank need not be segment k of another: sub-groups,
+        sends and receives end segments on some ranks only)."""
+        own = self.ranks[rank][k] if k < len(self.ranks.get(rank, [])) else None
+        if own is None:
+            return MIN_HOLD
+        longest = own.seconds
+        for other, segs in self.ranks.items():
+            if other != rank:
+                longest = max([longest, *(s.seconds for s in segs if _overlap(s, own))])
+        return min(1.5 * longest + MIN_HOLD, MAX_HOLD)
 
-def _seconds(start: int | None, end: int | None) -> float:
-    return 0.0 if start is None or end is None else max(end - start, 0) / 1e9
+
+def _segment(points: int, start: int | None, end: int | None) -> Segment:
+    if start is None:
+        return Segment(points, 0, 0)
+    return Segment(points, start, max(end or start, start))
+
+
+def _overlap(a: Segment, b: Segment) -> bool:
+    """Whether two ranks' segments ran at the same time, each until its collective returned:
+    what one does between two synchronisations can race with anything the other does between
+    the same two, however quickly either got through its own part."""
+    return a.start_ns <= b.until_ns and b.start_ns <= a.until_ns
 
 
 def _is_point(kind: str, lane: int, info: Mapping[str, Any] | None) -> bool:
@@ -155,11 +191,11 @@ def holds(seed: int, world_size: int, profile: Profile) -> dict[int, list[Hold]]
     count = profile.segments
     chosen = sorted(rng.sample(range(count), min(count, MAX_SEGMENTS)))
     out: dict[int, list[Hold]] = {r: [] for r in range(world_size)}
+    order = list(range(world_size))
+    rng.shuffle(order)  # order[j]: the rank of priority j
     for k in chosen:
-        spans = [segs[k].seconds for segs in profile.ranks.values() if k < len(segs)]
-        unit = min(max(1.5 * max(spans, default=0.0) + MIN_HOLD, MIN_HOLD), MAX_HOLD)
-        order = list(range(world_size))
-        rng.shuffle(order)  # order[j]: the rank of priority j
+        if rng.random() < CHANGE:
+            rng.shuffle(order)  # a priority change point: the new order holds from here on
         inside = rng.random() < 0.5
         for priority, rank in enumerate(order):
             if priority == 0:
@@ -168,7 +204,7 @@ def holds(seed: int, world_size: int, profile: Profile) -> dict[int, list[Hold]]
             points = segs[k].points if k < len(segs) else 1
             # a change point inside the segment, before its last point (entering the next collective)
             point = rng.randrange(1, points - 1) if inside and points > 2 else 0
-            out[rank].append(Hold(k, point, priority * unit))
+            out[rank].append(Hold(k, point, priority * profile.unit(rank, k)))
     return out
 
 
@@ -205,6 +241,17 @@ class ScheduleHook:
             return
         self._report({"seconds": seconds, "at": where, "segment": self.segment, "point": self.point})
         time.sleep(seconds)
+
+
+def held_seconds(held: Mapping[int, Sequence[Mapping[str, Any]]]) -> float:
+    """About how much a run's holds delayed it: per segment the longest hold of any rank (the
+    others wait for it at the next collective), summed over the segments."""
+    longest: dict[int, float] = {}
+    for infos in held.values():
+        for info in infos:
+            k = int(info.get("segment", 0))
+            longest[k] = max(longest.get(k, 0.0), float(info.get("seconds", 0.0)))
+    return sum(longest.values())
 
 
 def describe_hold(rank: int, info: Mapping[str, Any]) -> str:

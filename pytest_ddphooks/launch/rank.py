@@ -212,8 +212,6 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
         _apply_env(job, rank, port)
         coverage_relay.stop_inherited()  # the harness setting the rank up is not the test's code
         recorder = Recorder(rank, job.world_size, event_file=job.path(rank, "events"))
-        if job.holds is not None:
-            _follow_schedule(recorder, job.holds.get(rank, []))
         limit = group_timeout(job)
         raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
         if rank != 0:
@@ -224,6 +222,9 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
         recorder._exchange = _exchanger(store, rank, job.world_size)
         recorder.activate()
         _answer_asks(job.path(rank, "ask"), recorder)
+        if job.holds is not None:
+            # once the run's store is up: the ranks wait for rank 0's before anything of theirs
+            _follow_schedule(recorder, job.holds.get(rank, []))
         if job.init_process_group:
             _init_group(job, rank, raw_store, limit)
         local = job.local_world_size

@@ -20,6 +20,7 @@ class Exploration:
     seeds: list[int]
     replay: bool  # one given seed (--ddp-schedule), not an exploration
     folders: list[str] = field(default_factory=list)
+    held_seconds: float = 0.0  # the holds of the schedules run, on each one's most held rank
     _copies: list[str] = field(default_factory=list)
 
     @classmethod
@@ -65,7 +66,8 @@ class Exploration:
         return f"failed under schedule {index} of {len(self.seeds)} (seed {text}); replay with --ddp-schedule={text}"
 
     def passed(self) -> str:
+        held = f"; holds {self.held_seconds:.3f} s in all"
         if self.replay:
-            return f"passed under schedule {format_seed(self.seeds[0])}"
+            return f"passed under schedule {format_seed(self.seeds[0])}{held}"
         listed = ", ".join(map(format_seed, self.seeds))
-        return f"passed under all {len(self.seeds)} schedules explored (seeds {listed})"
+        return f"passed under all {len(self.seeds)} schedules explored (seeds {listed}){held}"

@@ -31,7 +31,7 @@ from ..launch.run import RunWatch
 from ..leaks import Leak
 from ..recorder import NeverWaitedWarning
 from ..report import RunReport
-from ..schedule import Profile, describe_hold, holds
+from ..schedule import Profile, describe_hold, held_seconds, holds
 from . import page, rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
@@ -294,7 +294,7 @@ class MultirankHooks:
         """Run the passed test again under each schedule of ``plan``: the report and verdict of
         the first it fails under, or None when it passes them all."""
         assert active.job is not None and plain.timeline is not None
-        profile = Profile.of({r: plain.timeline.for_rank(r) for r in plain.timeline.ranks})
+        profile = Profile.of({r: plain.timeline.for_rank(r) for r in plain.timeline.ranks}, plain.began_ns)
         plain_job = active.job
         for index, seed in enumerate(plan.seeds, 1):
             plan.restore()
@@ -303,6 +303,7 @@ class MultirankHooks:
                 plain_job, holds={r: [(h.segment, h.point, h.seconds) for h in hs] for r, hs in held.items()}
             )
             report, verdict = self._run_to_end(item, active, self._launch(item, job))
+            plan.held_seconds += held_seconds(report.held)
             if verdict.failure is not None:
                 verdict.failure.schedule = [plan.header(index, seed)]
                 verdict.failure.holds = [describe_hold(r, info) for r in sorted(report.held) for info in report.held[r]]

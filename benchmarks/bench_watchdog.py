@@ -281,7 +281,7 @@ def main() -> None:
     rows = []
     for count, row in zip(counts, many, strict=True):
         per_k = row["run_job_cpu"] / (count / 1000)
-        rows.append([f"{count:,}", f"{row['wall']:.1f} s", f"{row['run_job_cpu']:.2f} s", ms(per_k / 1000)])
+        rows.append([f"{count:,}", f"{row['wall']:.1f} s", f"{row['run_job_cpu']:.2f} s", ms(per_k)])
     per_k = [row["run_job_cpu"] / (c / 1000) for c, row in zip(counts, many, strict=True)]
     linear = max(per_k) <= 2 * min(per_k)
     report.section(

@@ -232,7 +232,7 @@ class ScheduleHook:
             self.segment, self.point = self.segment + 1, 0
         else:
             self.point += 1
-        if self._at:
+        if (self.segment, self.point) in self._at:  # named only where it holds: this runs per event
             self._hold(f"{phase}:{name}" if phase != events.POINT else f"{kind}:{name}")
 
     def _hold(self, where: str) -> None:

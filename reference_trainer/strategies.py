@@ -137,6 +137,7 @@ class Strategy:
     def save_checkpoint(self, state: dict[str, Any], path: Path) -> None:
         """Global rank 0 writes the checkpoint; the others have nothing to write."""
         if self.is_global_zero:
+            path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(state, path)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:

@@ -329,8 +329,6 @@ class Trainer:
         assert module.model is not None and self.checkpoint_dir is not None
         model = strategy.unwrap_model(module.model)
         state = checkpoint.gather_state(model, optimizer)  # every rank: FSDP gathers shards
-        if strategy.is_global_zero:
-            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         # the random state too: the next epoch's shuffle draws from it, so a resumed fit sees
         # the batches an uninterrupted one would
         state.update(epoch=epoch, global_step=self.global_step, rng=torch.get_rng_state())

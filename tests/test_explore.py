@@ -131,3 +131,26 @@ def test_not_a_seed(rank):
     ran.result.assert_outcomes(errors=2)
     ran.lines("*@pytest.mark.multirank: explore must be an int from 0 to 10000 (schedules), got -1 (int)")
     ran.lines("*@pytest.mark.multirank: schedule: 'soon' is not a seed (an int, e.g. 0x5eed1234)")
+
+
+def test_a_test_that_restarts_its_ranks_is_explored_attempts_and_all(inner) -> None:
+    ran = inner(
+        """
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=60)
+def test_resumes(rank, faults, restart_count):
+    faults.kill(rank=1, at="dist.all_reduce#1")  # every schedule's first attempt loses rank 1
+    dist.all_reduce(torch.ones(1))
+    assert restart_count == 1
+""",
+        "--ddp-explore=3",
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=1)
+    ran.lines("passed under all 3 schedules explored (seeds 0x*")
+    # the plain run and every schedule: rank 1 killed in the first attempt, the second passes
+    assert ran.text.count("attempt 1: rank 0 passed; rank 1 passed") == 4, ran.text

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..schedule import Hold
+
 
 @dataclass
 class Job:
@@ -27,8 +29,7 @@ class Job:
     pdb_rank: int | None = None  # --ddp-pdb-rank: only this rank does
     attempt: int = 0  # how many times the ranks were restarted before this run
     max_restarts: int = 0  # multirank(restarts=K): a rank's death starts every rank again, K times
-    # a schedule (``--ddp-explore``): rank -> its holds, as (segment, point, seconds)
-    holds: dict[int, list[tuple[int, int, float]]] | None = None
+    holds: dict[int, list[Hold]] | None = None  # a schedule (``--ddp-explore``): rank -> its holds
 
     @property
     def local_world_size(self) -> int:

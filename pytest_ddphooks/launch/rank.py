@@ -193,9 +193,9 @@ def group_timeout(job: Job) -> float:
     return job.group_timeout or job.timeout + 60.0
 
 
-def _follow_schedule(recorder: Recorder, own: list[tuple[int, int, float]]) -> None:
+def _follow_schedule(recorder: Recorder, own: list[Hold]) -> None:
     """Hold this rank where its schedule says; the rank's start is the first such point."""
-    hook = ScheduleHook([Hold(*h) for h in own], lambda info: recorder.write_watch_only(events.HELD, info))
+    hook = ScheduleHook(own, lambda info: recorder.write_watch_only(events.HELD, info))
     recorder.add_trigger(hook)
     hook.begin()
 

@@ -263,11 +263,12 @@ class RunWatch:
             for rec in recs
             if rec[3] == "meta" and rec[6] and "ident" in rec[6]
         }
+        watch_only = {events.ARMED: report.armed, events.FIRED: report.fired, events.HELD: report.held}
         for r, recs in raw.items():
             if recs:
                 report.began_ns[r] = int(recs[0][1])  # the log's first record: its main thread's name
             for rec in recs:
-                which = {events.ARMED: report.armed, events.FIRED: report.fired, events.HELD: report.held}.get(rec[3])
+                which = watch_only.get(rec[3])
                 if which is not None:
                     which.setdefault(r, []).append(dict(rec[6] or {}))
         return report

@@ -138,7 +138,6 @@ class MultirankHooks:
         except rankfixtures.FixtureNotSendable as exc:
             active.unsendable = str(exc)
             return
-        launcher = self.ddp.start_launcher(item.session)
         markup = bool(self.config.get_terminal_writer().hasmarkup)
         node_dirs = self._node_dirs(item, run)
         payload = rankbody.ItemPayload(item.nodeid, values, instance, node_dirs, markup)
@@ -152,9 +151,7 @@ class MultirankHooks:
         if active.exploration is not None:
             tmp = {str(item.funcargs[n]) for n in ("tmp_path", "shared_tmp_path") if n in item.funcargs}
             active.exploration.keep([*sorted(tmp), *node_dirs], self.ddp.folder())
-        test_id = f"{os.getpid()}-{next(self._ids)}"
-        run_dir = os.path.join(self.ddp.folder(), f"run-{test_id}")
-        os.mkdir(run_dir)
+        test_id, run_dir = self._new_run_dir()
         active.job = Job(
             test_id=test_id,
             label=item.nodeid,
@@ -172,8 +169,7 @@ class MultirankHooks:
             pdb_rank=self.ddp.settings.pdb_rank,
             max_restarts=run.spec.restarts,
         )
-        active.watch = RunWatch(launcher, active.job, lend_terminal=self._lend_terminal)
-        active.watch.start()
+        active.watch = self._launch(item, active.job)
         active.watch.wait_setup()
         if active.watch.over:
             verdict = self._finish(item, active)
@@ -298,22 +294,18 @@ class MultirankHooks:
         plain_job = active.job
         for index, seed in enumerate(plan.seeds, 1):
             plan.restore()
-            held = holds(seed, plain_job.world_size, profile)
-            job = active.job = self._next_run(
-                plain_job, holds={r: [(h.segment, h.point, h.seconds) for h in hs] for r, hs in held.items()}
-            )
-            report, verdict = self._run_to_end(item, active, self._launch(item, job))
+            # the whole test again, from its first attempt
+            active.job = self._next_run(plain_job, attempt=0, holds=holds(seed, plain_job.world_size, profile))
+            report, verdict = self._run_to_end(item, active, self._launch(item, active.job))
             plan.held_seconds += held_seconds(report.held)
             if verdict.failure is not None:
                 verdict.failure.schedule = [plan.header(index, seed)]
                 verdict.failure.holds = [describe_hold(r, info) for r in sorted(report.held) for info in report.held[r]]
-                plain_job.remove_run_dir()
+                plain_job.remove_run_dir()  # the failing run's folder goes with the test's end
                 return report, verdict
-            if index < len(plan.seeds):
-                job.remove_run_dir()
+            active.job.remove_run_dir()  # its last attempt's: _run_to_end removed the earlier ones
+        active.job = plain_job  # the plain run's report stands, its folder goes with the test's end
         item.add_report_section("call", "schedules", plan.passed())
-        if active.job is not plain_job:
-            plain_job.remove_run_dir()
         return None
 
     def _launch(self, item: pytest.Item, job: Job) -> RunWatch:
@@ -321,12 +313,17 @@ class MultirankHooks:
         watch.start()
         return watch
 
-    def _next_run(self, job: Job, **changes: Any) -> Job:
-        """The same test on fresh ranks (after a death, or under a schedule): a new group, the
-        same folders."""
+    def _new_run_dir(self) -> tuple[str, str]:
+        """A run's id and its private folder."""
         test_id = f"{os.getpid()}-{next(self._ids)}"
         run_dir = os.path.join(self.ddp.folder(), f"run-{test_id}")
         os.mkdir(run_dir)
+        return test_id, run_dir
+
+    def _next_run(self, job: Job, **changes: Any) -> Job:
+        """The same test on fresh ranks (after a death, or under a schedule): a new group, the
+        same folders."""
+        test_id, run_dir = self._new_run_dir()
         return dataclasses.replace(job, test_id=test_id, run_dir=run_dir, **changes)
 
     def _output_sections(self, item: pytest.Item, report: RunReport) -> None:

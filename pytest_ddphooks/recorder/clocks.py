@@ -37,6 +37,8 @@ class Instance:
     starts: dict[int, Event] = field(default_factory=dict)
     ends: dict[int, Event] = field(default_factory=dict)
     waits: dict[int, Event] = field(default_factory=dict)  # the end of each async member's wait
+    # members that handed it to a future (Work.get_future): waited for, but out of sight
+    handed: set[int] = field(default_factory=set)
 
     @property
     def seq(self) -> int:
@@ -71,9 +73,10 @@ class Instance:
             return None
         if not end.info.get("async"):
             return end
+        if rank in self.handed:
+            return None  # a future's completion is waited out of sight (by DDP's reducer): unseen
         done = self.waits.get(rank)
-        # a future's completion is waited out of sight (by DDP's reducer, a callback): unseen
-        return done if done is not None and "error" not in done.info and not done.info.get("future") else None
+        return done if done is not None and "error" not in done.info else None
 
     def never_waited(self) -> list[int]:
         """Members whose asynchronous call (from Python) returned and was never waited for."""
@@ -157,6 +160,8 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                     waited = of_call.get(int(e.info.get("of", 0)))
                     if waited is not None:
                         waiting[e.call_id] = waited
+                        if e.info.get("future"):
+                            waited.handed.add(rank)
                 elif e.call_id in waiting:
                     waiting.pop(e.call_id).waits[rank] = e
                 continue

@@ -299,8 +299,7 @@ class Timeline:
         if start.index < x.end.index:
             return f"{label}, which rank {x.rank} entered at event #{start.index}, before {x.name} ended"
         y_end = inst.ends.get(y.rank)
-        handed = inst.waits.get(y.rank)
-        if handed is not None and handed.info.get("future"):
+        if y.rank in inst.handed:
             return (
                 f"{label}, whose completion rank {y.rank} handed to a future (Work.get_future, as DDP's comm"
                 " hooks do): it is waited out of sight, so it orders nothing"

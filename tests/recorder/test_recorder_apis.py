@@ -369,3 +369,24 @@ def test_waits(rank):
         ]
     )
     result.stdout.no_fnmatch_line("*test_waits*")
+
+
+def test_work_handed_to_a_future_is_neither_unwaited_nor_an_order(pytester) -> None:
+    # DDP's Python comm hooks hand each bucket's all-reduce to the reducer through get_future()
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+def test_future(rank, recorder):
+    if rank == 0:
+        recorder.mark("before")
+    dist.all_reduce(torch.ones(2), async_op=True).get_future().wait()
+    recorder.mark("after")
+    tl = recorder.timeline()
+    assert tl.never_waited() == []
+    with pytest.raises(TimelineAssertionError, match="handed to a future .Work.get_future.*orders nothing"):
+        tl.assert_happens_before("before@0", "after@1")
+""",
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*NeverWaitedWarning*")

@@ -157,3 +157,28 @@ def test_self_launch_refuses_a_caller_side_recorder(tmp_path) -> None:
         instrument_trainer(rec, trainer, module, dm)
         with pytest.raises(ValueError, match="record=True"):
             trainer.fit(module, dm)
+
+
+def test_checkpoint_arguments_that_cannot_work_are_refused() -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    with pytest.raises(ValueError, match=r"^resume=True needs checkpoint_dir: the folder to resume from$"):
+        Trainer("single", resume=True)
+    with pytest.raises(ValueError, match=r"^ddp_comm_hook: strategy 'fsdp' does not wrap the model in DDP$"):
+        Trainer("fsdp", ddp_comm_hook=allreduce_hook)
+    with pytest.raises(ValueError, match=r"^ddp_comm_hook: strategy 'single' does not wrap the model in DDP$"):
+        Trainer("single", ddp_comm_hook=allreduce_hook)
+
+
+def test_a_single_fit_resumed_from_its_checkpoint_ends_like_an_uninterrupted_one(tmp_path) -> None:
+    def params(result: FitResult) -> torch.Tensor:
+        return torch.cat([p.reshape(-1) for p in result.first.params.values()])
+
+    data, ckpt = tmp_path / "data", tmp_path / "ckpt"
+    whole = Trainer("single", max_epochs=3).fit(RegressionModule(), RegressionDataModule(data))
+    Trainer("single", max_epochs=2, checkpoint_dir=ckpt).fit(RegressionModule(), RegressionDataModule(data))
+    assert sorted(p.name for p in ckpt.iterdir()) == ["epoch-0000.pt", "epoch-0001.pt"]
+    resumed_trainer = Trainer("single", max_epochs=3, checkpoint_dir=ckpt, resume=True)
+    resumed = resumed_trainer.fit(RegressionModule(), RegressionDataModule(data))
+    assert resumed_trainer.resumed_from == 1 and len(resumed.losses) == len(whole.losses) // 3
+    assert torch.equal(params(resumed), params(whole))

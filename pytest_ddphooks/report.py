@@ -112,6 +112,7 @@ class RunReport:
     began_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its recorder began (time_ns)
     duration: float = 0.0
     stopped_at_ns: int = 0
+    prepared: bool = False  # the ranks were set up before the test came (``--ddp-prepare``)
 
     @property
     def stuck(self) -> bool:

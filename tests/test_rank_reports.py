@@ -119,12 +119,12 @@ def test_a_rank_that_ended_on_its_own_before_the_kill_is_not_called_stopped(tmp_
         run_dir = tmp_path / "run"
         run_dir.mkdir()
         job = Job("ended", "test_x", 2, 1, "gloo", False, 30.0, str(run_dir), dict(os.environ), str(tmp_path))
-        pids = launcher.spawn(job)
+        pids, _ = launcher.spawn(job)
         deadline = time.monotonic() + 10
         while is_running(pids[0]) and time.monotonic() < deadline:
             time.sleep(0.005)
         exits = {ex.rank: ex for ex in launcher.kill(job.test_id)}
-        launcher.finish(job.test_id)
+        launcher.finish(job.test_id, job.label)
     finally:
         launcher.close()
     assert exits[0].signal == signal.SIGKILL and not exits[0].by_harness

@@ -9,13 +9,20 @@ It is a child subreaper: whatever a rank starts and abandons is re-parented to i
 whole tree of a run can be found and killed. It reaps the ranks and tells the pytest process
 how each one ended, and relays the notes ranks write to their run's pipe as they reach a
 phase. It dies with the pytest process.
+
+While a test runs, it prepares the ranks of the next one (``Prepare``): forked, their store
+up and their group connected, each waiting on a pipe for the test (no CPU meanwhile). The
+``Spawn`` of that run hands the test to them; a run that finished has its ranks reaped and
+its folder removed while the pytest process goes on to the next test.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -25,9 +32,9 @@ from typing import Any
 
 from .. import coverage_relay
 from ..report import RankExit
-from . import output, procs, protocol, rendezvous
+from . import hugepages, output, procs, protocol, rendezvous
 from .job import Job
-from .rank import RankBody, rank_main
+from .rank import HANDED_JOB, RankBody, prepared_rank_main, rank_main
 
 BodyFactory = Callable[[Job], RankBody]
 
@@ -39,6 +46,12 @@ class _Run:
     pgid: int = 0
     notes: int = -1  # the read end of the ranks' note pipe
     pending: bytes = b""
+    handed: int = -1  # prepared ranks: the write end of the pipe that hands them their test
+    finishing: bool = False  # its results are in: finish it once its ranks are gone
+    lost: bool = False  # prepared ranks: one ended before it was handed a test
+
+
+RankMain = Callable[[int, int, Any, int], None]  # (rank, port, listener, notes) -> never returns
 
 
 class ForkServer:
@@ -56,6 +69,7 @@ class ForkServer:
         self.parent = parent
         self.runs: dict[str, _Run] = {}
         self.rank_of: dict[int, tuple[str, int]] = {}
+        self.ready: _Run | None = None  # ranks prepared for the next run, not yet handed a test
         os.setpgid(0, 0)  # terminal signals (Ctrl-C) go to pytest, which then stops us
         procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:
@@ -75,6 +89,12 @@ class ForkServer:
         from ..recorder import distpatch
 
         distpatch.install()
+
+    def compact_memory(self) -> None:
+        """Move this process's memory into huge pages before the first fork: forking a rank
+        then copies a few hundred page table entries instead of tens of thousands. (Done in
+        a thread while ranks were forked, some ranks stalled for seconds in their set-up.)"""
+        hugepages.collapse()
 
     def measure_ranks(self, coverage_config: str | None) -> None:
         """The session measures coverage: not this server's own code, each rank's test."""
@@ -142,14 +162,20 @@ class ForkServer:
     def _handle(self, message: Any) -> None:
         if isinstance(message, protocol.Spawn):
             self._spawn(message.job)
+        elif isinstance(message, protocol.Prepare):
+            self._prepare(message.job)
+        elif isinstance(message, protocol.Discard):
+            if self.ready is not None and self.ready.job.test_id == message.test_id:
+                self._discard_ready(remove_folder=True)
         elif isinstance(message, protocol.Kill):
             self._kill_run(message.test_id)
         elif isinstance(message, protocol.Finish):
-            swept = self._sweep()
-            run = self.runs.pop(message.test_id, None)
-            if run is not None:
-                self._close_notes(run)
-            self._send(protocol.Finished(message.test_id, swept))
+            run = self.runs.get(message.test_id)
+            if run is None:
+                self._send(protocol.Finished(message.test_id, []))
+            else:
+                run.finishing = True
+                self._finish_if_gone(run)
         elif isinstance(message, protocol.Probe):
             self._send(protocol.Probed(self._probe()))
         else:
@@ -167,11 +193,78 @@ class ForkServer:
         return info
 
     def _spawn(self, job: Job) -> None:
+        if self.ready is not None and self.ready.job.test_id == job.test_id:
+            if self._hand_over(job):
+                return
+            self._discard_ready(remove_folder=False)
+            _empty(job.run_dir)  # what the lost ranks wrote: the fresh ones start clean
         run = self.runs[job.test_id] = _Run(job)
+        body = self.body_factory(job)
+        self._fork_ranks(run, lambda rank, port, listener, notes: rank_main(job, rank, port, listener, notes, body))
+        self._start_relaying(run)
+        self._send(protocol.Spawned(job.test_id, {r: p for p, r in run.pids.items()}))
+
+    def _prepare(self, ahead: Job) -> None:
+        if self.ready is not None:
+            self._discard_ready(remove_folder=True)
+        run = self.ready = _Run(ahead)
+        handed_r, run.handed = os.pipe()
+        factory = self.body_factory
+
+        def main(rank: int, port: int, listener: Any, notes: int) -> None:
+            prepared_rank_main(ahead, rank, port, listener, notes, handed_r, factory)
+
+        self._fork_ranks(run, main, keep=handed_r)
+        os.close(handed_r)
+
+    def _hand_over(self, job: Job) -> bool:
+        """Give the test to the ranks prepared for it; False when one of them is gone."""
+        run = self.ready
+        assert run is not None
+        self._reap()  # learn of a prepared rank that ended while it waited
+        if run.lost or len(run.pids) < job.world_size:
+            return False
+        self.ready = None
+        path = os.path.join(job.run_dir, HANDED_JOB)
+        with open(path + ".part", "wb") as f:
+            pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.rename(path + ".part", path)  # a rank never reads half a job
+        os.write(run.handed, b"x" * job.world_size)  # one byte for each rank
+        os.close(run.handed)
+        run.handed = -1
+        run.job = job
+        self.runs[job.test_id] = run
+        for pid, rank in run.pids.items():
+            self.rank_of[pid] = (job.test_id, rank)
+        self._start_relaying(run)
+        self._send(protocol.Spawned(job.test_id, {r: p for p, r in run.pids.items()}, prepared=True))
+        return True
+
+    def _discard_ready(self, remove_folder: bool) -> None:
+        run, self.ready = self.ready, None
+        if run is None:
+            return
+        if run.handed >= 0:
+            os.close(run.handed)
+        procs.kill_tree(*run.pids, group=run.pgid)
+        for pid in run.pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self._close_notes(run)
+        if remove_folder:
+            shutil.rmtree(run.job.run_dir, ignore_errors=True)
+
+    def _fork_ranks(self, run: _Run, main: RankMain, keep: int = -1) -> None:
+        """Fork the ranks of ``run``, each running ``main``: in a process group of their own,
+        with a loopback listener for their store and a pipe for their notes."""
+        job = run.job
         listener = rendezvous.listener()
         port = listener.getsockname()[1]
-        body = self.body_factory(job)
         notes_r, notes_w = os.pipe()
+        # descriptors a rank must not hold: ours, and those of other runs (a pipe end it kept
+        # open would keep another run's ranks from seeing it close)
+        private = [self.sock.fileno(), self.wake_r, self.wake_w, notes_r, *self._run_descriptors()]
+        private = [fd for fd in private if fd not in (keep, -1)]
         for rank in range(job.world_size):
             pid = os.fork()
             if pid == 0:
@@ -180,8 +273,8 @@ class ForkServer:
                     signal.set_wakeup_fd(-1)
                     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
                         signal.signal(sig, signal.SIG_DFL)
-                    procs.retire(self.sock.fileno(), self.wake_r, self.wake_w, notes_r)
-                    rank_main(job, rank, port, listener, notes_w, body)
+                    procs.retire(*private)
+                    main(rank, port, listener, notes_w)
                 finally:
                     os._exit(70)
             with contextlib.suppress(OSError):
@@ -189,13 +282,19 @@ class ForkServer:
             if not run.pgid:
                 run.pgid = pid
             run.pids[pid] = rank
-            self.rank_of[pid] = (job.test_id, rank)
+            if run is not self.ready:
+                self.rank_of[pid] = (job.test_id, rank)
         listener.close()
         os.close(notes_w)
         os.set_blocking(notes_r, False)
         run.notes = notes_r
-        self.selector.register(notes_r, selectors.EVENT_READ, job.test_id)
-        self._send(protocol.Spawned(job.test_id, {r: p for p, r in run.pids.items()}))
+
+    def _run_descriptors(self) -> list[int]:
+        runs = [*self.runs.values(), *([self.ready] if self.ready is not None else [])]
+        return [fd for run in runs for fd in (run.notes, run.handed) if fd >= 0]
+
+    def _start_relaying(self, run: _Run) -> None:
+        self.selector.register(run.notes, selectors.EVENT_READ, run.job.test_id)
 
     def _relay_notes(self, test_id: str) -> None:
         run = self.runs.get(test_id)
@@ -229,6 +328,9 @@ class ForkServer:
                 return
             if pid == 0:
                 return
+            if self.ready is not None and pid in self.ready.pids:
+                self.ready.lost = True  # a prepared rank ended before its test came
+                continue
             owner = self.rank_of.pop(pid, None)
             if owner is not None:
                 test_id, rank = owner
@@ -236,6 +338,19 @@ class ForkServer:
                 if run is not None and run.notes >= 0:
                     self._relay_notes(test_id)  # what it noted before it ended comes first
                 self._send(protocol.Exited(test_id, RankExit.from_status(rank, pid, status)))
+                if run is not None and run.finishing:
+                    self._finish_if_gone(run)
+
+    def _finish_if_gone(self, run: _Run) -> None:
+        """A finished run whose ranks are all gone: kill what they abandoned, remove its
+        folder, tell the pytest process."""
+        if any(pid in self.rank_of for pid in run.pids):
+            return
+        self.runs.pop(run.job.test_id, None)
+        swept = self._sweep()
+        self._close_notes(run)
+        shutil.rmtree(run.job.run_dir, ignore_errors=True)
+        self._send(protocol.Finished(run.job.test_id, swept))
 
     def _kill_run(self, test_id: str) -> None:
         run = self.runs.get(test_id)
@@ -257,7 +372,8 @@ class ForkServer:
         """Kill our children that are no rank of a live run: processes ranks abandoned."""
         swept: list[tuple[int, str]] = []
         for _ in range(5):
-            strays = [p for p in procs.children_of(os.getpid()) if p not in self.rank_of]
+            prepared = self.ready.pids if self.ready is not None else {}
+            strays = [p for p in procs.children_of(os.getpid()) if p not in self.rank_of and p not in prepared]
             if not strays:
                 break
             for pid in strays:
@@ -270,7 +386,14 @@ class ForkServer:
         return swept
 
     def _kill_everything(self) -> None:
+        self._discard_ready(remove_folder=True)
         procs.kill_tree(os.getpid(), include_root=False)
         for pid in list(self.rank_of):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
+
+
+def _empty(folder: str) -> None:
+    for name in os.listdir(folder):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, name))

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 
 from ..schedule import Hold
 
+# variables that differ from test to test and that nothing before the body reads: a rank
+# prepared ahead of its test takes them from the job it is handed
+VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
+DEBUGGING_GROUP_TIMEOUT = 24 * 3600.0
+
 
 @dataclass
 class Job:
@@ -34,6 +39,24 @@ class Job:
     @property
     def local_world_size(self) -> int:
         return self.world_size // self.nodes
+
+    @property
+    def group_limit(self) -> float:
+        """The process group's timeout: longer than the test's limit, so the watchdog
+        diagnoses a hang before gloo gives up; under --pdb the peers of a rank being debugged
+        wait as long as the person does."""
+        if self.post_mortem:
+            return DEBUGGING_GROUP_TIMEOUT
+        return self.group_timeout or self.timeout + 60.0
+
+    def readiness(self) -> tuple[object, ...] | None:
+        """What ranks set up before their test knows its body depend on (their group, their
+        environment, where their output goes); None for a run whose ranks cannot be set up
+        ahead: it creates its group itself, or its schedule holds a rank before the group."""
+        if not self.init_process_group or self.holds is not None:
+            return None
+        env = tuple(sorted((k, v) for k, v in self.env.items() if k not in VOLATILE_ENV))
+        return (self.world_size, self.nodes, self.backend, self.group_limit, self.live_output, env)
 
     def path(self, rank: int, what: str) -> str:
         return os.path.join(self.run_dir, f"rank{rank}.{what}")

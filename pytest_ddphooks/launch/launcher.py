@@ -26,15 +26,21 @@ class Launcher:
         log_path: str | None = None,
         coverage_config: str | None = None,
         keep_terminal: bool = False,
+        compact_memory: bool = False,
     ) -> None:
         self._body_factory = body_factory
         self._keep_terminal = keep_terminal
+        self._compact_memory = compact_memory
         self._preload = preload
         self._log_path = log_path
         self._coverage_config = coverage_config
         self._sock: socket.socket | None = None
         self.pid = 0
         self._pending: list[Any] = []
+        self._finishing: dict[str, str] = {}  # runs whose end was asked for: test id -> label
+        self.late_sweeps: list[tuple[str, list[tuple[int, str]]]] = []  # (label, swept) of runs already reported
+        self._awaited: set[str] = set()  # runs whose end a caller waits for
+        self._swept: dict[str, list[tuple[int, str]]] = {}
 
     def start(self) -> None:
         ours, theirs = socket.socketpair()
@@ -48,6 +54,8 @@ class Launcher:
                     theirs, self._body_factory, self._preload, parent, self._log_path, self._keep_terminal
                 )
                 server.measure_ranks(self._coverage_config)
+                if self._compact_memory:
+                    server.compact_memory()
                 server.serve()
             except BaseException:
                 code = 1
@@ -65,13 +73,27 @@ class Launcher:
         assert self._sock is not None
         if self._pending:
             return self._pending.pop(0)
-        readable, _, _ = select.select([self._sock], [], [], timeout)
-        if not readable:
-            return None
-        try:
-            return protocol.recv(self._sock)
-        except EOFError:
-            raise RuntimeError("the rank launcher died") from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            readable, _, _ = select.select([self._sock], [], [], left)
+            if not readable:
+                return None
+            try:
+                msg = protocol.recv(self._sock)
+            except EOFError:
+                raise RuntimeError("the rank launcher died") from None
+            test_id = getattr(msg, "test_id", None)
+            if isinstance(msg, protocol.Finished):
+                label = self._finishing.pop(msg.test_id, None)
+                if msg.test_id in self._awaited:
+                    self._swept[msg.test_id] = list(msg.swept)
+                    return None  # only ``finish`` awaits a run's end, and looks for it there
+                if label is not None and msg.swept:
+                    self.late_sweeps.append((label, list(msg.swept)))
+            elif not (test_id in self._finishing and isinstance(msg, (protocol.Exited, protocol.Noted))):
+                return msg
+            # what the ranks of a run already reported do as they leave is nobody's business
 
     def _expect(self, kind: type[Any], test_id: str | None = None) -> Any:
         """Wait for a reply of ``kind``; other messages (rank exits, notes) are kept for later."""
@@ -87,10 +109,20 @@ class Launcher:
         finally:
             self._pending[:0] = held
 
-    def spawn(self, job: Job) -> dict[int, int]:
-        """Fork the ranks of ``job``; returns rank -> pid."""
+    def spawn(self, job: Job) -> tuple[dict[int, int], bool]:
+        """Start the ranks of ``job`` (fork them, or hand the test to the ranks prepared for
+        it); returns rank -> pid, and whether they were prepared."""
         self._request(protocol.Spawn(job))
-        return dict(self._expect(protocol.Spawned, job.test_id).pids)
+        spawned = self._expect(protocol.Spawned, job.test_id)
+        return dict(spawned.pids), spawned.prepared
+
+    def prepare(self, ahead: Job) -> None:
+        """Have the ranks of the run ``ahead`` describes set up before its test comes."""
+        self._request(protocol.Prepare(ahead))
+
+    def discard(self, test_id: str) -> None:
+        """The ranks prepared for this run will not be used."""
+        self._request(protocol.Discard(test_id))
 
     def next_event(self, test_id: str, timeout: float | None) -> RunEvent | None:
         """The next exit or note of a rank of the run, or None when ``timeout`` passes first."""
@@ -116,12 +148,29 @@ class Launcher:
             elif isinstance(msg, protocol.Killed) and msg.test_id == test_id:
                 return exits
 
-    def finish(self, test_id: str) -> list[tuple[int, str]]:
-        """End the run; returns the (pid, command line) of processes it left and were killed."""
-        self._request(protocol.Finish(test_id))
-        swept = list(self._expect(protocol.Finished, test_id).swept)
+    def finish(self, test_id: str, label: str, wait: bool = True) -> list[tuple[int, str]]:
+        """End the run: once its ranks are gone, what they left running is killed and its
+        folder removed. With ``wait``, returns the (pid, command line) of those processes;
+        without, the pytest process goes on at once and what is found later is kept in
+        ``late_sweeps``."""
         self._pending = [m for m in self._pending if getattr(m, "test_id", None) != test_id]
-        return swept
+        self._finishing[test_id] = label
+        self._request(protocol.Finish(test_id))
+        if not wait:
+            return []
+        self._awaited.add(test_id)
+        held = []
+        try:
+            while test_id not in self._swept:
+                msg = self._receive(None)
+                if isinstance(msg, protocol.Failed):
+                    raise RuntimeError(f"the rank launcher failed: {msg.error}")
+                if msg is not None:
+                    held.append(msg)
+        finally:
+            self._awaited.discard(test_id)
+            self._pending[:0] = held
+        return self._swept.pop(test_id)
 
     def probe(self) -> dict[str, Any]:
         self._request(protocol.Probe())
@@ -135,7 +184,10 @@ class Launcher:
             self._sock.settimeout(10)
             with contextlib.suppress(OSError, EOFError):
                 while True:
-                    protocol.recv(self._sock)
+                    msg = protocol.recv(self._sock)
+                    label = self._finishing.pop(getattr(msg, "test_id", ""), None)
+                    if isinstance(msg, protocol.Finished) and label is not None and msg.swept:
+                        self.late_sweeps.append((label, list(msg.swept)))
         self._sock.close()
         self._sock = None
         with contextlib.suppress(ChildProcessError, OSError):

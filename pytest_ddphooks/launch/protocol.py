@@ -36,13 +36,28 @@ class Spawn:
 
 
 @dataclass(frozen=True)
+class Prepare:
+    """Fork and set up, ahead of time, the ranks of the run ``job`` describes (its test not
+    yet known: no body, no payload); a ``Spawn`` of a job with the same id hands the test
+    to them. Replaces ranks prepared before and not used. No reply."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class Discard(RunMessage):
+    """The ranks prepared for this run will not be used: kill them. No reply."""
+
+
+@dataclass(frozen=True)
 class Kill(RunMessage):
     """Kill every process of a run; answered by its ``Exited`` messages, then ``Killed``."""
 
 
 @dataclass(frozen=True)
 class Finish(RunMessage):
-    """The run is over: kill what its ranks abandoned; answered by ``Finished``."""
+    """The run's results are in: once its ranks are gone, kill what they abandoned and remove
+    the run's folder; answered by ``Finished`` then (the pytest process need not wait)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,7 @@ class Shutdown:
 @dataclass(frozen=True)
 class Spawned(RunMessage):
     pids: dict[int, int]  # rank -> pid
+    prepared: bool = False  # the ranks were set up ahead of the test
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import io
 import itertools
 import logging
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -31,9 +32,10 @@ from ..report import RankResult
 from ..schedule import Hold, ScheduleHook
 from . import procs, protocol, rendezvous
 from .debugger import RankDebugger
-from .job import Job
+from .job import VOLATILE_ENV, Job
 from .output import RankOutput
 
+HANDED_JOB = "job"  # the file in the run's folder a prepared rank reads its test from
 _keep: list[Any] = []  # files that must stay open for the signal handlers
 
 
@@ -157,6 +159,8 @@ def _kill_children() -> list[tuple[int, str]]:
     only killed: they would have ended with the rank)."""
     found = []
     for pid in procs.descendants_of(os.getpid()):
+        if not procs.is_running(pid):
+            continue  # ended (an orphan that came to this rank to be reaped): nothing left
         command = procs.command_line(pid, settle=True)
         if singletons.known(_Left("process", command, pid)) is None:
             found.append((pid, command))
@@ -182,17 +186,6 @@ def _answer_asks(path: str, recorder: Recorder) -> None:
     threading.Thread(target=serve, name="ddphooks-native", daemon=True).start()
 
 
-DEBUGGING_GROUP_TIMEOUT = 24 * 3600.0
-
-
-def group_timeout(job: Job) -> float:
-    # longer than the test's limit, so the watchdog diagnoses a hang before gloo gives up;
-    # under --pdb the peers of a rank being debugged must wait as long as the person does
-    if job.post_mortem:
-        return DEBUGGING_GROUP_TIMEOUT
-    return job.group_timeout or job.timeout + 60.0
-
-
 def _follow_schedule(recorder: Recorder, own: list[Hold]) -> None:
     """Hold this rank where its schedule says; the rank's start is the first such point."""
     hook = ScheduleHook(own, lambda info: recorder.write_watch_only(events.HELD, info))
@@ -200,26 +193,52 @@ def _follow_schedule(recorder: Recorder, own: list[Hold]) -> None:
     hook.begin()
 
 
-def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: RankBody) -> NoReturn:
-    started = time.monotonic()
-    procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
-    store = None
+@dataclass
+class _SetUp:
+    """A rank as far as it gets before its body: what the body and the rank's end need."""
+
     output: RankOutput | None = None
-    result: RankResult
+    recorder: Recorder | None = None
+    store: Any = None  # the run's store, prefixed for the harness
+    failure: RankResult | None = None  # set-up failed: what the rank reports instead
+
+
+def _harness_failure(rank: int, exc: BaseException) -> RankResult:
+    return RankResult(
+        rank,
+        "failed",
+        longrepr=traceback.format_exc(),
+        message=f"{type(exc).__name__}: {exc}",
+        harness_error=True,
+        phase="setup",
+    )
+
+
+def _become_rank() -> None:
+    procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
+    # what the test starts and abandons stays under the rank, which names and kills it
+    # before its result is written (a double-forked daemon included)
+    procs.prctl(procs.PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _set_up(job: Job, rank: int, port: int, listener: Any) -> _SetUp:
+    """Everything before the body that does not depend on the test: output, stack dumps,
+    environment, recorder, the run's store and (unless the test creates it) the group."""
+    state = _SetUp()
     try:
-        output = _redirect_output(job, rank)
-        _arm_stack_dumps(job, rank, output.crash_fd)
+        state.output = _redirect_output(job, rank)
+        _arm_stack_dumps(job, rank, state.output.crash_fd)
         _apply_env(job, rank, port)
         coverage_relay.stop_inherited()  # the harness setting the rank up is not the test's code
-        recorder = Recorder(rank, job.world_size, event_file=job.path(rank, "events"))
-        limit = group_timeout(job)
-        raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
+        recorder = state.recorder = Recorder(rank, job.world_size, event_file=job.path(rank, "events"))
+        limit = job.group_limit
         if rank != 0:
-            procs.retire(listener.fileno())
+            procs.retire(listener.fileno())  # rank 0's store serves it: no other copy may accept
+        raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
         import torch.distributed as dist
 
-        store = dist.PrefixStore("ddphooks/", raw_store)
-        recorder._exchange = _exchanger(store, rank, job.world_size)
+        state.store = dist.PrefixStore("ddphooks/", raw_store)
+        recorder._exchange = _exchanger(state.store, rank, job.world_size)
         recorder.activate()
         _answer_asks(job.path(rank, "ask"), recorder)
         if job.holds is not None:
@@ -227,42 +246,100 @@ def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: R
             _follow_schedule(recorder, job.holds.get(rank, []))
         if job.init_process_group:
             _init_group(job, rank, raw_store, limit)
-        local = job.local_world_size
-        debugger = RankDebugger(job.path(rank, "debug"), rank, lambda path: note(notes, rank, "debug", path))
-        ctx = RankContext(
-            job, rank, job.world_size, rank % local, local, rank // local, recorder, store, notes, debugger
-        )
-        measured = coverage_relay.start_in_rank()
-        try:
-            result = body(ctx)
-        finally:
-            coverage_relay.save(measured)
-        recorder.read_native()
-        recorder.write_final_counters()
     except BaseException as exc:
-        result = RankResult(
-            rank,
-            "failed",
-            longrepr=traceback.format_exc(),
-            message=f"{type(exc).__name__}: {exc}",
-            harness_error=True,
-            phase="setup",
-        )
+        state.failure = _harness_failure(rank, exc)
+    return state
+
+
+def rank_main(job: Job, rank: int, port: int, listener: Any, notes: int, body: RankBody) -> NoReturn:
+    started = time.monotonic()
+    _become_rank()
+    _run(job, rank, notes, body, _set_up(job, rank, port, listener), started)
+
+
+def prepared_rank_main(
+    ahead: Job, rank: int, port: int, listener: Any, notes: int, handed: int, body_of: Callable[[Job], RankBody]
+) -> NoReturn:
+    """A rank set up before its test is known (``ahead`` describes the test to come), which
+    then waits, running nothing, until the fork server hands it the test's job."""
+    _become_rank()
+    state = _set_up(ahead, rank, port, listener)
+    job = _await_job(handed, ahead)
+    started = time.monotonic()
+    _take_over(job, rank, port)
+    _run(job, rank, notes, body_of(job), state, started)
+
+
+def _await_job(handed: int, ahead: Job) -> Job:
+    """Block until the fork server hands over the test (a byte on the pipe, the job in the
+    run's folder); end quietly when it discards these ranks instead (the pipe closes)."""
+    while True:
+        try:
+            got = os.read(handed, 1)
+        except InterruptedError:
+            continue
+        if not got:
+            os._exit(0)
+        os.close(handed)
+        with open(os.path.join(ahead.run_dir, HANDED_JOB), "rb") as f:
+            job: Job = pickle.load(f)
+        return job
+
+
+def _take_over(job: Job, rank: int, port: int) -> None:
+    """What differs between the test the rank was set up for and the one it runs: its
+    folder, the variables that change from test to test."""
+    os.environ.update(
+        rendezvous.rank_env(rank, job.world_size, job.nodes, port, job.test_id, job.attempt, job.max_restarts)
+    )
+    for name in VOLATILE_ENV:
+        if name in job.env:
+            os.environ[name] = job.env[name]
+        else:
+            os.environ.pop(name, None)
+    with contextlib.suppress(OSError):
+        os.chdir(job.cwd)
+
+
+def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started: float) -> NoReturn:
+    """The body, then the rank's end: the result is written before the exit barrier, so
+    nothing a rank found is lost when a peer dies while the others wait."""
+    result: RankResult
+    if state.failure is not None:
+        result = state.failure
+    else:
+        assert state.recorder is not None
+        recorder = state.recorder
+        try:
+            local = job.local_world_size
+            debugger = RankDebugger(job.path(rank, "debug"), rank, lambda path: note(notes, rank, "debug", path))
+            ctx = RankContext(
+                job, rank, job.world_size, rank % local, local, rank // local, recorder, state.store, notes, debugger
+            )
+            measured = coverage_relay.start_in_rank()
+            try:
+                result = body(ctx)
+            finally:
+                coverage_relay.save(measured)
+            recorder.read_native()
+            recorder.write_final_counters()
+        except BaseException as exc:
+            result = _harness_failure(rank, exc)
     result.duration = time.monotonic() - started
     with contextlib.suppress(Exception):  # never lose the result over the leak check
         result.leaks.extend(_kill_children())
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    if output is not None:
-        output.finish()
+    if state.output is not None:
+        state.output.finish()
     result.write(job.path(rank, "result"))
     note(notes, rank, "done", result.outcome)
     # from here on the rank only takes its leave: nothing it prints is the test's output
     procs.retire(1, 2)
-    if store is not None:
+    if state.store is not None:
         with contextlib.suppress(Exception):
-            _exit_barrier(store, rank, job.world_size, result.outcome == "failed", group_timeout(job))
+            _exit_barrier(state.store, rank, job.world_size, result.outcome == "failed", job.group_limit)
     os._exit(0)
 
 

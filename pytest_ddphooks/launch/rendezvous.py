@@ -9,7 +9,10 @@ as a client (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun). Gloo binds to
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -74,6 +77,27 @@ def store(rank: int, world_size: int, port: int, listen_fd: int | None, timeout:
     import torch.distributed as dist
 
     wait = timedelta(seconds=timeout)
-    if rank == 0:
-        return dist.TCPStore(LOOPBACK, port, world_size, True, wait, wait_for_workers=False, master_listen_fd=listen_fd)
-    return dist.TCPStore(LOOPBACK, port, world_size, False, wait)
+    with _impatient_reverse_lookups():
+        if rank == 0:
+            return dist.TCPStore(
+                LOOPBACK, port, world_size, True, wait, wait_for_workers=False, master_listen_fd=listen_fd
+            )
+        return dist.TCPStore(LOOPBACK, port, world_size, False, wait)
+
+
+@contextlib.contextmanager
+def _impatient_reverse_lookups() -> Iterator[None]:
+    """The store names each end of a connection with a reverse DNS lookup (the address as
+    IPv6, ::ffff:127.0.0.1, which /etc/hosts does not list). Where the DNS server drops the
+    query, glibc waits 5 s, twice: the run stalls. While the store connects (its server thread
+    and this thread then keep these options) glibc gives up after 1 s; the test's environment
+    is left as it was."""
+    before = os.environ.get("RES_OPTIONS")
+    os.environ["RES_OPTIONS"] = f"{before or ''} timeout:1 attempts:1".strip()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RES_OPTIONS", None)
+        else:
+            os.environ["RES_OPTIONS"] = before

@@ -9,6 +9,10 @@ row with no progress; and a rank waiting in a collective or ``timeline()`` that 
 finished the test never entered (a stall), seen once. In every case what the ranks wrote
 survives: results, output, and the events they recorded up to the end.
 
+A run whose every rank has written its result is over for the test: its report is made
+then, while the ranks take their leave (the exit barrier, the exit, the reaping and the
+removal of the run's folder happen in the fork server as the session goes on).
+
 The run is followed in two steps, so that pytest reports each phase where it happened:
 ``wait_setup`` returns once every rank has set up its fixtures (or the run is over),
 ``wait_end`` once every rank has ended.
@@ -70,7 +74,7 @@ class RunWatch:
 
     def start(self) -> None:
         self._started = time.monotonic()
-        self.pids = self.launcher.spawn(self.job)
+        self.pids, self.report.prepared = self.launcher.spawn(self.job)
         self._deadline = self._started + self.job.timeout
         self._next_poll = self._started + self.poll
 
@@ -127,6 +131,11 @@ class RunWatch:
             self.setup_done.add(note.rank)
         elif note.phase == "done":
             self.finished[note.rank] = note.status
+            if note.status == "failed" and self.report.first_failure is None:
+                self.report.first_failure = note.rank
+            if len(self.finished) == self.job.world_size:
+                self._all_done()
+                return
             self._end_if_only_faults_remain()
             if self.over:
                 return
@@ -151,12 +160,22 @@ class RunWatch:
         if died or result.outcome == "failed":
             if report.first_failure is None:
                 report.first_failure = ex.rank
+            if self._failed_at is None:
                 self._failed_at = time.monotonic()
             if died:
                 self._stop(f"stopped after rank {ex.rank} died ({ex.describe()})")
                 return
         if len(report.exits) == self.job.world_size:
             self.over = True
+
+    def _all_done(self) -> None:
+        """Every rank wrote its result: the test is over, whatever the ranks do as they leave."""
+        for r in range(self.job.world_size):
+            if r not in self.report.results:
+                result = RankResult.read(self.job.path(r, "result"))
+                if result is not None:
+                    self.report.results[r] = result
+        self.over = True
 
     def _read(self, rank: int) -> None:
         records, self._offsets[rank] = read_new(self.job.path(rank, "events"), self._offsets[rank])
@@ -249,7 +268,6 @@ class RunWatch:
 
     def _collect(self) -> RunReport:
         report, job = self.report, self.job
-        report.swept = self.launcher.finish(job.test_id)
         report.duration = time.monotonic() - self._started
         for r in range(job.world_size):
             out, err = read_text(job.path(r, "out")), read_text(job.path(r, "err"))
@@ -271,6 +289,9 @@ class RunWatch:
                 which = watch_only.get(rec[3])
                 if which is not None:
                     which.setdefault(r, []).append(dict(rec[6] or {}))
+        # last: the fork server removes the run's folder once its ranks are gone; when some
+        # are still leaving, the session goes on without waiting for them
+        report.swept = self.launcher.finish(job.test_id, job.label, wait=len(report.exits) == job.world_size)
         return report
 
 

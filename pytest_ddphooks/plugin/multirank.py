@@ -35,7 +35,7 @@ from ..schedule import Profile, describe_hold, held_seconds, holds
 from . import page, rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
-from .markers import RUN_KEY, TIMEOUT_KEY, MultirankRun, is_special
+from .markers import BAD_MARKER_KEY, RUN_KEY, TIMEOUT_KEY, MultirankRun, is_special
 from .reports import MultirankFailed, fail_with, raise_verdict, relay_warnings, warn_at
 from .session import DdpSession
 from .special import runs_here
@@ -54,6 +54,7 @@ class _Active:
 
 
 ACTIVE_KEY = pytest.StashKey[_Active]()
+PREPARED_KEY = pytest.StashKey[bool]()  # the test's ranks were set up before it came
 
 
 def _death(report: RunReport) -> bool:
@@ -74,6 +75,9 @@ class MultirankHooks:
         self._explore_base = secrets.randbits(32)
         # with -s every line a rank prints reaches the terminal as it is printed
         self._live = self.config.getoption("capture", "fd") == "no"
+        self._ahead: Job | None = None  # the run whose ranks are being prepared for the next test
+        self._next_item: pytest.Item | None = None
+        self._order: dict[str, int] = {}  # node id -> its place in the session's items
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -81,8 +85,19 @@ class MultirankHooks:
         # errors stop the session before this point, so bad input never spawns anything.
         if session.config.option.collectonly:
             return
-        if any(RUN_KEY in item.stash and (runs_here(item) or not is_special(item)) for item in session.items):
-            self.ddp.start_launcher(session)
+        runs = sum(1 for item in session.items if RUN_KEY in item.stash and (runs_here(item) or not is_special(item)))
+        if runs:
+            self._order = {item.nodeid: i for i, item in enumerate(session.items)}
+            self.ddp.start_launcher(session, expected_runs=runs)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, object]:
+        # the next test this process runs (under xdist: the next its scheduler gave it)
+        self._next_item = nextitem
+        try:
+            return (yield)
+        finally:
+            self._next_item = None
 
     # -- pytest-timeout times these tests through us -------------------------------------
 
@@ -151,30 +166,87 @@ class MultirankHooks:
         if active.exploration is not None:
             tmp = {str(item.funcargs[n]) for n in ("tmp_path", "shared_tmp_path") if n in item.funcargs}
             active.exploration.keep([*sorted(tmp), *node_dirs], self.ddp.folder())
-        test_id, run_dir = self._new_run_dir()
-        active.job = Job(
-            test_id=test_id,
-            label=item.nodeid,
-            world_size=run.world_size,
-            nodes=run.spec.nodes,
-            backend=run.spec.backend,
-            init_process_group=run.spec.init_process_group,
-            timeout=self.ddp.limit_of(run),
-            run_dir=run_dir,
-            env={**os.environ, **self.ddp.child_env()},
-            cwd=os.getcwd(),
-            payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL),
-            live_output=self._live,
-            post_mortem=self.ddp.settings.post_mortem,
-            pdb_rank=self.ddp.settings.pdb_rank,
-            max_restarts=run.spec.restarts,
-        )
+        job = self._job_for(item, run, payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+        active.job = self._place(job, preparable=active.exploration is None)
         active.watch = self._launch(item, active.job)
+        item.stash[PREPARED_KEY] = active.watch.report.prepared
+        self._prepare_next(item, run)
         active.watch.wait_setup()
         if active.watch.over:
             verdict = self._finish(item, active)
             if verdict.failure is not None and verdict.failure.phase == "setup":
                 raise MultirankFailed(render(verdict.failure))
+
+    def _job_for(self, item: pytest.Item, run: MultirankRun, payload: bytes = b"", limit: float | None = None) -> Job:
+        """The run of ``item``, not yet placed (no id, no folder)."""
+        return Job(
+            test_id="",
+            label=item.nodeid,
+            world_size=run.world_size,
+            nodes=run.spec.nodes,
+            backend=run.spec.backend,
+            init_process_group=run.spec.init_process_group,
+            timeout=self.ddp.limit_of(run) if limit is None else limit,
+            run_dir="",
+            env={**os.environ, **self.ddp.child_env()},
+            cwd=os.getcwd(),
+            payload=payload,
+            live_output=self._live,
+            post_mortem=self.ddp.settings.post_mortem,
+            pdb_rank=self.ddp.settings.pdb_rank,
+            max_restarts=run.spec.restarts,
+        )
+
+    def _place(self, job: Job, preparable: bool) -> Job:
+        """Give the run an id and a folder: those of the ranks prepared ahead when they fit it
+        (the same group, environment and output), else new ones (the prepared ranks are then
+        discarded)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if preparable and job.readiness() is not None and job.readiness() == ahead.readiness():
+                return dataclasses.replace(job, test_id=ahead.test_id, run_dir=ahead.run_dir)
+            self.ddp.running_launcher().discard(ahead.test_id)
+        test_id, run_dir = self._new_run_dir()
+        return dataclasses.replace(job, test_id=test_id, run_dir=run_dir)
+
+    def _prepare_next(self, item: pytest.Item, current: MultirankRun) -> None:
+        """Have the fork server set up the ranks of the next multirank test in collection
+        order while this one runs."""
+        if not self.ddp.settings.prepare:
+            return
+        following = self._following_run(item)
+        if following is None:
+            return
+        nxt, run = following
+        settings = self.ddp.settings
+        explore = settings.explore if run.spec.explore is None else run.spec.explore
+        schedule = run.spec.schedule if run.spec.schedule is not None else settings.schedule
+        if explore or schedule is not None:
+            return  # its schedules are drawn from a plain run whose ranks set up in the test's time
+        # pytest-timeout sets a test's limit when its setup starts: assume the next is timed
+        # as this one was (a wrong guess costs the preparation, nothing else)
+        limit = self.ddp.limit_of(run) if run.spec.timeout is not None or run.timeout else None
+        if limit is None and current.timeout:
+            limit = current.timeout
+        ahead = self._job_for(nxt, run, limit=limit)
+        if ahead.readiness() is None:
+            return
+        test_id, run_dir = self._new_run_dir()
+        self._ahead = dataclasses.replace(ahead, test_id=test_id, run_dir=run_dir, label="")
+        self.ddp.running_launcher().prepare(self._ahead)
+
+    def _following_run(self, item: pytest.Item) -> tuple[pytest.Item, MultirankRun] | None:
+        """The next multirank test to run in this process after ``item``, as far as it can
+        be told: from the next item pytest will run, in collection order."""
+        nxt = self._next_item
+        if nxt is None:
+            return None
+        items = item.session.items
+        for candidate in items[self._order.get(nxt.nodeid, len(items)) :]:
+            run = candidate.stash.get(RUN_KEY, None)
+            if run is not None and not is_special(candidate) and BAD_MARKER_KEY not in candidate.stash:
+                return candidate, run
+        return None
 
     def _node_dirs(self, item: pytest.Function, run: MultirankRun) -> list[str]:
         if "node_tmp_path" not in run.dependent:
@@ -238,7 +310,6 @@ class MultirankHooks:
             found = self._explore(item, active, active.exploration, report)
             if found is not None:
                 report, verdict = found
-        job = active.job
         active.verdict = verdict
         active.teardown = verdict.teardown
         relay_warnings(item, [w for _, res in sorted(report.results.items()) for w in res.warnings])
@@ -258,7 +329,6 @@ class MultirankHooks:
             )
         if verdict.failure is not None:
             self._write_trace(item, report, verdict.failure)
-        job.remove_run_dir()
         if active.exploration is not None:
             active.exploration.discard()
         return verdict
@@ -272,7 +342,6 @@ class MultirankHooks:
         attempts: list[str] = []
         while _death(report) and job.attempt < job.max_restarts:
             attempts.append(attempt_summary(report, job.attempt))
-            job.remove_run_dir()
             job = active.job = self._next_run(job, attempt=job.attempt + 1)
             watch = self._launch(item, job)
             report = watch.wait_end()
@@ -301,10 +370,8 @@ class MultirankHooks:
             if verdict.failure is not None:
                 verdict.failure.schedule = [plan.header(index, seed)]
                 verdict.failure.holds = [describe_hold(r, info) for r in sorted(report.held) for info in report.held[r]]
-                plain_job.remove_run_dir()  # the failing run's folder goes with the test's end
                 return report, verdict
-            active.job.remove_run_dir()  # its last attempt's: _run_to_end removed the earlier ones
-        active.job = plain_job  # the plain run's report stands, its folder goes with the test's end
+        active.job = plain_job  # the plain run's report stands
         item.add_report_section("call", "schedules", plan.passed())
         return None
 

@@ -86,6 +86,14 @@ OPTIONS = (
         metavar="SEED",
     ),
     Option(
+        "ddp_prepare",
+        "--ddp-prepare",
+        "set up the ranks of the next multirank test (forked, rendezvoused, group connected) while"
+        " a test runs: on (default) or off; a test never sees the difference, only its start time does",
+        "on",
+        choices=("on", "off"),
+    ),
+    Option(
         "ddp_preload",
         "",
         "modules the rank launcher imports before it forks ranks, one per line (torch and"

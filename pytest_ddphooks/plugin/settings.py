@@ -33,6 +33,7 @@ class Settings:
     verbose_ranks: bool = False
     explore: int = 0  # schedules to explore after each multirank test passes
     schedule: int | None = None  # the one schedule to run each multirank test under
+    prepare: bool = True  # set up the next multirank test's ranks while a test runs
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -50,6 +51,7 @@ class Settings:
             verbose_ranks=bool(config.getoption("ddp_verbose_ranks")),
             explore=_explore(config),
             schedule=_schedule(config),
+            prepare=_choice(config, "ddp_prepare", ("on", "off")) == "on",
         )
         if settings.spmd and (settings.explore or settings.schedule is not None):
             flag = "--ddp-explore" if settings.explore else "--ddp-schedule"

@@ -15,6 +15,12 @@ cannot run under the plugin's default leak guard, which takes the workers spawne
 test's ``setUp`` for a leak of that test and kills them). Startup (an empty session importing the same
 modules) is measured separately per variant and subtracted before dividing by N.
 A second table gives the plugin's per-test cost at world sizes 1, 2, 4, 8.
+
+The latency tables set a trivial fresh-rank test (one barrier) beside the naive floor
+(``_floor.py``: a forkserver with torch preloaded forking fresh ranks that initialise gloo, run
+one barrier and destroy the group), at 2 and 8 ranks, with the next test's ranks prepared
+while a test runs (the default) and without (``--ddp-prepare=off``); and time a suite of
+trivial 2-rank tests under ``pytest -n 2``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import re
 from collections import defaultdict
 
 from _common import Report, Suite, interleaved, median, ms, parser, progress, ratio, repeats_of, sec, table, verdict
+from _floor import floor_per_test
 from _suites import MULTIRANK_TEST
 
 PLUGIN_SIZES = """
@@ -37,6 +44,17 @@ def test_all_reduce(i, world_size):
     t = torch.ones(1)
     dist.all_reduce(t)
     assert t.item() == float(world_size)
+"""
+
+BARRIER_TEST = """
+import pytest
+import torch.distributed as dist
+
+
+@pytest.mark.multirank(world_size={size})
+@pytest.mark.parametrize("i", range({n}))
+def test_barrier(i):
+    dist.barrier()
 """
 
 PLUGIN_EMPTY = """
@@ -136,6 +154,11 @@ def main() -> None:
     p.add_argument("--mptc-repeats", type=int, default=1, help="repeats of the (slow) MultiProcessTestCase sessions")
     p.add_argument("--size-tests", type=int, default=None, help="tests per world size (default 30; quick 5)")
     p.add_argument("--size-repeats", type=int, default=None, help="repeats of the world-size session (default 2)")
+    p.add_argument(
+        "--only-latency",
+        action="store_true",
+        help="only the latency tables (floor, prepared ranks, -n 2 suite); page bench_multirank_latency.md",
+    )
     args = p.parse_args()
     repeats = repeats_of(args)
     counts = [int(x) for x in (args.counts or ("3,10" if args.quick else "10,50")).split(",")]
@@ -143,6 +166,11 @@ def main() -> None:
     size_n = args.size_tests or (5 if args.quick else 30)
     size_repeats = args.size_repeats or (1 if args.quick else 2)
     sizes = [1, 2, 4, 8]
+    if args.only_latency:
+        report = Report("bench_multirank_latency", "Fresh-rank latency against the naive floor", args)
+        latency(report, args)
+        report.write()
+        return
     report = Report("bench_multirank", "Per-test cost of multi-rank tests", args)
 
     walls: dict[tuple[str, int], list[float]] = defaultdict(list)  # (variant, n) -> session walls
@@ -306,7 +334,96 @@ def main() -> None:
             " test share the cores.",
         ],
     )
+    latency(report, args)
     report.write()
+
+
+# targets of the latency issue: the prepared per-test cost against the naive floor
+FLOOR_TARGETS = {2: 0.2, 8: 0.25}
+XDIST_TARGET = 12.0
+
+
+def latency(report: Report, args: object) -> None:
+    """Fresh-rank tests against the naive floor, and a large suite under xdist."""
+    quick = bool(getattr(args, "quick", False))
+    per_size = {2: 10 if quick else 40, 8: 5 if quick else 20}
+    repeats = 1 if quick else 2
+    xdist_n = 100 if quick else 500
+    files = {
+        f"test_barrier_{ws}_{n}.py": BARRIER_TEST.format(size=ws, n=n) for ws, k in per_size.items() for n in (k, 2 * k)
+    }
+    files[f"test_xdist_{xdist_n}.py"] = BARRIER_TEST.format(size=2, n=xdist_n)
+    rows: list[list[object]] = []
+    checks: list[list[object]] = []
+    with Suite(files, keep=bool(getattr(args, "keep", False))) as suite:
+        for ws, k in per_size.items():
+            progress(f"naive floor at {ws} ranks, {k} tests")
+            floor = floor_per_test(ws, k)
+            marginal: dict[str, float] = {}
+            junit: dict[str, float] = {}
+            for mode in ("on", "off"):
+                walls: dict[int, list[float]] = {k: [], 2 * k: []}
+                calls: list[float] = []
+                for r in range(repeats):
+                    for n in (k, 2 * k):
+                        progress(f"round {r + 1}/{repeats}: {ws} ranks, --ddp-prepare={mode}, {n} tests")
+                        session = suite.run_ok(f"test_barrier_{ws}_{n}.py", f"--ddp-prepare={mode}", expect=n)
+                        walls[n].append(session.wall)
+                        calls.extend(session.durations())
+                marginal[mode] = (median(walls[2 * k]) - median(walls[k])) / k
+                junit[mode] = median(calls)
+            x = marginal["on"] / floor
+            rows.append(
+                [ws, ms(floor), ms(marginal["on"]), ms(junit["on"]), f"{x:.2f}x", ms(marginal["off"]), ms(junit["off"])]
+            )
+            target = FLOOR_TARGETS[ws]
+            checks.append(
+                [
+                    f"{ws} ranks: prepared per-test cost / naive floor",
+                    f"{x:.2f}x",
+                    f"<= {target}x",
+                    verdict(x <= target),
+                ]
+            )
+        walls_n2: dict[str, float] = {}
+        for mode in ("on", "off"):
+            progress(f"{xdist_n} trivial 2-rank tests under -n 2, --ddp-prepare={mode}")
+            session = suite.run_ok(f"test_xdist_{xdist_n}.py", "-n", "2", f"--ddp-prepare={mode}", expect=xdist_n)
+            walls_n2[mode] = session.wall
+        checks.append(
+            [
+                f"{xdist_n} trivial 2-rank tests, -n 2, session wall",
+                sec(walls_n2["on"]),
+                f"<= {XDIST_TARGET:g} s" if xdist_n == 500 else "(quick run)",
+                verdict(walls_n2["on"] <= XDIST_TARGET) if xdist_n == 500 else "",
+            ]
+        )
+        checks.append(["same, --ddp-prepare=off", sec(walls_n2["off"]), "(information)", ""])
+    report.section(
+        "Fresh-rank latency against the naive floor (one barrier per test)",
+        table(
+            [
+                "world size",
+                "naive floor (median)",
+                "plugin, prepared: marginal per test",
+                "plugin, prepared: junit median",
+                "prepared / floor",
+                "plugin, --ddp-prepare=off: marginal",
+                "--ddp-prepare=off: junit median",
+            ],
+            rows,
+        ),
+        [
+            "naive floor: benchmarks/_floor.py, a multiprocessing forkserver with torch and torch.distributed"
+            " preloaded; per test it starts world-size processes that init a gloo group (tcp://), barrier,"
+            " destroy it; the time from the first start to the last join, median over the tests.",
+            "marginal per test: (session wall with 2N tests - session wall with N tests) / N, medians over"
+            " repeats: the steady cost of one more test, start-up cancelled.",
+            "junit median: setup+call+teardown of each test (the ranks prepared ahead of a test are not in"
+            " it unless the test had to wait for them).",
+        ],
+    )
+    report.section("Latency targets", table(["figure", "value", "target", "met"], checks))
 
 
 if __name__ == "__main__":

@@ -88,10 +88,10 @@ class Launcher:
                 label = self._finishing.pop(msg.test_id, None)
                 if msg.test_id in self._awaited:
                     self._swept[msg.test_id] = list(msg.swept)
-                    return None  # only ``finish`` awaits a run's end, and looks for it there
-                if label is not None and msg.swept:
+                elif label is not None and msg.swept:
                     self.late_sweeps.append((label, list(msg.swept)))
-            elif not (test_id in self._finishing and isinstance(msg, (protocol.Exited, protocol.Noted))):
+                return None  # nothing for the caller: whoever waits for a run's end looks for it
+            if not (test_id in self._finishing and isinstance(msg, (protocol.Exited, protocol.Noted))):
                 return msg
             # what the ranks of a run already reported do as they leave is nobody's business
 
@@ -105,7 +105,8 @@ class Launcher:
                     return msg
                 if isinstance(msg, protocol.Failed):
                     raise RuntimeError(f"the rank launcher failed: {msg.error}")
-                held.append(msg)
+                if msg is not None:
+                    held.append(msg)
         finally:
             self._pending[:0] = held
 
@@ -171,6 +172,16 @@ class Launcher:
             self._awaited.discard(test_id)
             self._pending[:0] = held
         return self._swept.pop(test_id)
+
+    def settle(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until every run whose end was asked for has ended."""
+        deadline = time.monotonic() + timeout
+        held = []
+        while self._finishing and time.monotonic() < deadline:
+            msg = self._receive(max(deadline - time.monotonic(), 0.0))
+            if msg is not None:
+                held.append(msg)
+        self._pending[:0] = held
 
     def probe(self) -> dict[str, Any]:
         self._request(protocol.Probe())

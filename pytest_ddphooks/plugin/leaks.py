@@ -81,6 +81,7 @@ class LeakHooks:
         self.pending: list[_Pending] = []
         self.session_report: list[str] = []
         self.relaunched = spmd.relaunched_rank() is not None
+        self.late = ddp.late_leaks  # filled by the multirank hooks as the session ends
 
     def _allow_for(self, item: pytest.Item) -> Allowlist | None:
         """The allowlist of one test, or None when its marker allows everything."""
@@ -205,6 +206,7 @@ class LeakHooks:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.mode == "off":
             return
+        self.session_report.extend(self.late)
         for entry in self.pending:
             still = self._still(entry)
             if still:

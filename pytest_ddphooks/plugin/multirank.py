@@ -90,6 +90,19 @@ class MultirankHooks:
             self._order = {item.nodeid: i for i, item in enumerate(session.items)}
             self.ddp.start_launcher(session, expected_runs=runs)
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Processes that ranks abandoned and the fork server only found after their test's
+        report (ranks find their own before it): named here, for the leak guard's summary."""
+        launcher = self.ddp.launcher
+        if launcher is None:
+            return
+        launcher.settle(timeout=10.0)
+        for label, swept in launcher.late_sweeps:
+            self.ddp.late_leaks.append(f"{label}: processes its ranks left were found after its report (killed):")
+            self.ddp.late_leaks.extend(f"  process {pid}: {cmd}" for pid, cmd in swept)
+        launcher.late_sweeps.clear()
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, object]:
         # the next test this process runs (under xdist: the next its scheduler gave it)

@@ -26,6 +26,7 @@ class DdpSession:
         self.launcher: Launcher | None = None
         self._folder: str | None = None
         self._coverage: dict[str, str] | None = None
+        self.late_leaks: list[str] = []  # the leak guard's words for what was found after a test's report
 
     def folder(self) -> str:
         """This session's private folder for run files (removed at the end of the session)."""

@@ -163,7 +163,11 @@ class ForkServer:
         if isinstance(message, protocol.Spawn):
             self._spawn(message.job)
         elif isinstance(message, protocol.Prepare):
-            self._prepare(message.job)
+            try:
+                self._prepare(message.job)
+            except Exception as exc:  # only a head start lost: the test's ranks are forked when it comes
+                print(f"ddphooks: could not prepare ranks ahead: {type(exc).__name__}: {exc}", file=sys.stderr)
+                self._discard_ready(remove_folder=True)
         elif isinstance(message, protocol.Discard):
             if self.ready is not None and self.ready.job.test_id == message.test_id:
                 self._discard_ready(remove_folder=True)
@@ -222,7 +226,7 @@ class ForkServer:
         run = self.ready
         assert run is not None
         self._reap()  # learn of a prepared rank that ended while it waited
-        if run.lost or len(run.pids) < job.world_size:
+        if run.lost or any(procs.is_ending(pid) for pid in run.pids):
             return False
         self.ready = None
         path = os.path.join(job.run_dir, HANDED_JOB)
@@ -321,13 +325,14 @@ class ForkServer:
             run.notes = -1
 
     def _reap(self) -> None:
+        ended: list[_Run] = []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
-                return
+                break
             if self.ready is not None and pid in self.ready.pids:
                 self.ready.lost = True  # a prepared rank ended before its test came
                 continue
@@ -339,14 +344,19 @@ class ForkServer:
                     self._relay_notes(test_id)  # what it noted before it ended comes first
                 self._send(protocol.Exited(test_id, RankExit.from_status(rank, pid, status)))
                 if run is not None and run.finishing:
-                    self._finish_if_gone(run)
+                    ended.append(run)
+
+        # once every child that ended is reaped: what a rank killed as it left and that came
+        # here to be reaped is no stray
+        for run in ended:
+            self._finish_if_gone(run)
 
     def _finish_if_gone(self, run: _Run) -> None:
         """A finished run whose ranks are all gone: kill what they abandoned, remove its
         folder, tell the pytest process."""
-        if any(pid in self.rank_of for pid in run.pids):
-            return
-        self.runs.pop(run.job.test_id, None)
+        if run.job.test_id not in self.runs or any(pid in self.rank_of for pid in run.pids):
+            return  # finished already, or a rank is still leaving
+        self.runs.pop(run.job.test_id)
         swept = self._sweep()
         self._close_notes(run)
         shutil.rmtree(run.job.run_dir, ignore_errors=True)
@@ -373,7 +383,11 @@ class ForkServer:
         swept: list[tuple[int, str]] = []
         for _ in range(5):
             prepared = self.ready.pids if self.ready is not None else {}
-            strays = [p for p in procs.children_of(os.getpid()) if p not in self.rank_of and p not in prepared]
+            strays = [
+                p
+                for p in procs.children_of(os.getpid())
+                if p not in self.rank_of and p not in prepared and not procs.is_ending(p)
+            ]
             if not strays:
                 break
             for pid in strays:

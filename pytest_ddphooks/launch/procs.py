@@ -62,6 +62,29 @@ def state_of(pid: int) -> str | None:
     return stat[at : at + 1].decode() or None
 
 
+_PF_EXITING = 0x4
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def is_ending(pid: int) -> bool:
+    """Gone, a zombie, exiting, or with a SIGKILL pending: it will run no more code of its own
+    (a killed process with much memory takes a moment to become a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return True
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING:
+        return True
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+            return True
+    return False
+
+
 def is_running(pid: int) -> bool:
     """Alive and not a zombie (an exited child nobody reaped yet is not running)."""
     return state_of(pid) not in (None, "Z", "X")

@@ -60,9 +60,3 @@ class Job:
 
     def path(self, rank: int, what: str) -> str:
         return os.path.join(self.run_dir, f"rank{rank}.{what}")
-
-    def remove_run_dir(self) -> None:
-        """Delete the run's folder; only ever called after its ranks are gone."""
-        for name in os.listdir(self.run_dir):
-            os.unlink(os.path.join(self.run_dir, name))
-        os.rmdir(self.run_dir)

@@ -8,6 +8,7 @@ import os
 import select
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..report import RankExit
@@ -85,30 +86,49 @@ class Launcher:
                 raise RuntimeError("the rank launcher died") from None
             test_id = getattr(msg, "test_id", None)
             if isinstance(msg, protocol.Finished):
-                label = self._finishing.pop(msg.test_id, None)
-                if msg.test_id in self._awaited:
-                    self._swept[msg.test_id] = list(msg.swept)
-                elif label is not None and msg.swept:
-                    self.late_sweeps.append((label, list(msg.swept)))
+                self._on_finished(msg)
                 return None  # nothing for the caller: whoever waits for a run's end looks for it
             if not (test_id in self._finishing and isinstance(msg, (protocol.Exited, protocol.Noted))):
                 return msg
             # what the ranks of a run already reported do as they leave is nobody's business
 
-    def _expect(self, kind: type[Any], test_id: str | None = None) -> Any:
-        """Wait for a reply of ``kind``; other messages (rank exits, notes) are kept for later."""
+    def _on_finished(self, msg: protocol.Finished) -> None:
+        label = self._finishing.pop(msg.test_id, None)
+        if msg.test_id in self._awaited:
+            self._swept[msg.test_id] = list(msg.swept)
+        elif label is not None and msg.swept:
+            self.late_sweeps.append((label, list(msg.swept)))
+
+    def _receive_until(
+        self,
+        done: Callable[[], bool] = lambda: False,
+        deadline: float | None = None,
+        take: Callable[[Any], bool] = lambda msg: False,
+    ) -> Any | None:
+        """Read messages until one is ``take``n (returned), ``done()`` or the deadline; what
+        else comes (rank exits, notes) is kept for later."""
         held = []
         try:
-            while True:
-                msg = self._receive(None)
-                if isinstance(msg, kind) and (test_id is None or getattr(msg, "test_id", None) == test_id):
+            while not done():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                msg = self._receive(left)
+                if msg is not None and take(msg):
                     return msg
                 if isinstance(msg, protocol.Failed):
                     raise RuntimeError(f"the rank launcher failed: {msg.error}")
                 if msg is not None:
                     held.append(msg)
+            return None
         finally:
             self._pending[:0] = held
+
+    def _expect(self, kind: type[Any], test_id: str | None = None) -> Any:
+        """Wait for a reply of ``kind`` (about run ``test_id``, when given)."""
+        return self._receive_until(
+            take=lambda msg: isinstance(msg, kind) and (test_id is None or getattr(msg, "test_id", None) == test_id)
+        )
 
     def spawn(self, job: Job) -> tuple[dict[int, int], bool]:
         """Start the ranks of ``job`` (fork them, or hand the test to the ranks prepared for
@@ -160,28 +180,15 @@ class Launcher:
         if not wait:
             return []
         self._awaited.add(test_id)
-        held = []
         try:
-            while test_id not in self._swept:
-                msg = self._receive(None)
-                if isinstance(msg, protocol.Failed):
-                    raise RuntimeError(f"the rank launcher failed: {msg.error}")
-                if msg is not None:
-                    held.append(msg)
+            self._receive_until(done=lambda: test_id in self._swept)
         finally:
             self._awaited.discard(test_id)
-            self._pending[:0] = held
         return self._swept.pop(test_id)
 
     def settle(self, timeout: float) -> None:
         """Wait (at most ``timeout`` seconds) until every run whose end was asked for has ended."""
-        deadline = time.monotonic() + timeout
-        held = []
-        while self._finishing and time.monotonic() < deadline:
-            msg = self._receive(max(deadline - time.monotonic(), 0.0))
-            if msg is not None:
-                held.append(msg)
-        self._pending[:0] = held
+        self._receive_until(done=lambda: not self._finishing, deadline=time.monotonic() + timeout)
 
     def probe(self) -> dict[str, Any]:
         self._request(protocol.Probe())
@@ -196,9 +203,8 @@ class Launcher:
             with contextlib.suppress(OSError, EOFError):
                 while True:
                     msg = protocol.recv(self._sock)
-                    label = self._finishing.pop(getattr(msg, "test_id", ""), None)
-                    if isinstance(msg, protocol.Finished) and label is not None and msg.swept:
-                        self.late_sweeps.append((label, list(msg.swept)))
+                    if isinstance(msg, protocol.Finished):
+                        self._on_finished(msg)
         self._sock.close()
         self._sock = None
         with contextlib.suppress(ChildProcessError, OSError):

@@ -190,7 +190,7 @@ class MultirankHooks:
             if verdict.failure is not None and verdict.failure.phase == "setup":
                 raise MultirankFailed(render(verdict.failure))
 
-    def _job_for(self, item: pytest.Item, run: MultirankRun, payload: bytes = b"", limit: float | None = None) -> Job:
+    def _job_for(self, item: pytest.Item, run: MultirankRun, payload: bytes = b"") -> Job:
         """The run of ``item``, not yet placed (no id, no folder)."""
         return Job(
             test_id="",
@@ -199,7 +199,7 @@ class MultirankHooks:
             nodes=run.spec.nodes,
             backend=run.spec.backend,
             init_process_group=run.spec.init_process_group,
-            timeout=self.ddp.limit_of(run) if limit is None else limit,
+            timeout=self.ddp.limit_of(run),
             run_dir="",
             env={**os.environ, **self.ddp.child_env()},
             cwd=os.getcwd(),
@@ -238,10 +238,8 @@ class MultirankHooks:
             return  # its schedules are drawn from a plain run whose ranks set up in the test's time
         # pytest-timeout sets a test's limit when its setup starts: assume the next is timed
         # as this one was (a wrong guess costs the preparation, nothing else)
-        limit = self.ddp.limit_of(run) if run.spec.timeout is not None or run.timeout else None
-        if limit is None and current.timeout:
-            limit = current.timeout
-        ahead = self._job_for(nxt, run, limit=limit)
+        predicted = dataclasses.replace(run, timeout=run.timeout or current.timeout)
+        ahead = self._job_for(nxt, predicted)
         if ahead.readiness() is None:
             return
         test_id, run_dir = self._new_run_dir()

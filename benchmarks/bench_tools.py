@@ -154,9 +154,11 @@ def main() -> None:
             ],
         ),
         [
-            "Each rank measures only the test (the fork server prepared the measurement once, so a"
-            " rank's start costs about 0.5 ms) and writes its data file when its test ends; the session"
-            " combines them once, at its end. junit rounds to 1 ms. 'No more than plain' allows 1 ms.",
+            "Each rank measures only the test (the fork server prepared the measurement once and"
+            " decided for every loaded module whether it is measured, so a rank's start costs about"
+            " 0.5 ms) and hands its lines over with its result; the pytest process adds them to its"
+            " own measurements. The harness's work in the pytest process is not measured. junit"
+            " rounds to 1 ms. 'No more than plain' allows 1 ms.",
         ],
     )
 

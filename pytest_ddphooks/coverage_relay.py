@@ -21,6 +21,7 @@ import contextlib
 import glob
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 ENV = "COVERAGE_PROCESS_CONFIG"
@@ -34,6 +35,26 @@ def measuring() -> Any | None:
     """The Coverage object measuring this process, if any."""
     coverage = _coverage()
     return coverage.Coverage.current() if coverage is not None else None
+
+
+class HarnessWork:
+    """The harness's own work in the pytest process is not measured, as in ranks, where only
+    the test is: this thread's tracer is paused on entry and resumed on exit, at the same
+    depth of the stack (so the tracer's own stack of frames stays as it was)."""
+
+    def __init__(self) -> None:
+        self._paused: Any = None
+
+    def __enter__(self) -> None:
+        tracer = sys.gettrace()
+        if type(tracer).__name__ == "CTracer" and measuring() is not None:
+            tracer.stop()  # type: ignore[union-attr]
+            self._paused = tracer
+
+    def __exit__(self, *exc: object) -> None:
+        if self._paused is not None:
+            self._paused.start()
+            self._paused = None
 
 
 def child_config(folder: str) -> str | None:
@@ -55,11 +76,16 @@ def child_config(folder: str) -> str | None:
 def stop_inherited() -> None:
     """In a freshly forked rank: stop the measurement inherited from the parent (its data is
     the parent's, never written from here)."""
+    global _session_form
     cov = measuring()
     if cov is not None:
         with contextlib.suppress(Exception):
+            _session_form = _session_form or _form(cov)
             cov._auto_save = False
             cov.stop()
+
+
+_session_form: tuple[str, bool] | None = None  # the pytest process's tracer, in a forked process
 
 
 _prepared: Any | None = None  # made ready once in the fork server: each rank only starts it
@@ -89,6 +115,32 @@ def prepare(config: str) -> None:
     except Exception:
         return  # ranks start their own, the slower way
     _prepared = cov
+    _decide_loaded_files(cov)
+
+
+class _ModuleFrame:
+    """What coverage reads of a frame to decide on its file: the module's globals."""
+
+    def __init__(self, module: Any) -> None:
+        self.f_globals = vars(module)
+
+
+def _decide_loaded_files(cov: Any) -> None:
+    """Decide here, once, whether each module already loaded is measured: a rank would
+    otherwise decide again for every file its test touches (~50 us each, ~40 files a test).
+    The decision is coverage's own, keyed as its tracer keys it (the code's file name,
+    which for a module loaded from source is its ``__file__``)."""
+    try:
+        cache = cov._collector.should_trace_cache
+        decide = cov._should_trace
+    except AttributeError:
+        return
+    for module in list(sys.modules.values()):
+        filename = getattr(module, "__file__", None)
+        if not isinstance(filename, str) or not filename.endswith(".py") or filename in cache:
+            continue
+        with contextlib.suppress(Exception):
+            cache[filename] = decide(filename, _ModuleFrame(module))
 
 
 def start_in_rank() -> Any | None:
@@ -108,6 +160,62 @@ def start_in_rank() -> Any | None:
         return coverage.process_startup()
 
 
+def stop(cov: Any | None) -> None:
+    """End a rank's measurement: what runs after its test is not measured."""
+    if cov is not None:
+        with contextlib.suppress(Exception):
+            cov.stop()
+
+
+@dataclass
+class Measured:
+    """What a rank measured, in the form the session's own tracer keeps it: merged into the
+    session's live measurements as if the rank's lines had run in the pytest process."""
+
+    tracer: str
+    branch: bool
+    data: dict[str, set[Any]]  # file name -> lines (or arcs, packed as the tracer packs them)
+    file_tracers: dict[str, str]
+
+
+def _form(cov: Any) -> tuple[str, bool] | None:
+    collector = getattr(cov, "_collector", None)
+    if collector is None:
+        return None
+    return collector.tracer_name(), bool(collector.branch)
+
+
+def measured_by(cov: Any | None) -> Measured | None:
+    """A rank's stopped measurement, when the pytest process can take it as it is; None
+    when it must be saved to a file instead (dynamic contexts, or a different tracer)."""
+    if cov is None:
+        return None
+    try:
+        form = _form(cov)
+        if form is None or form != _session_form or cov.config.dynamic_context:
+            return None
+        collector = cov._collector
+        data = {name: set(found) for name, found in collector.data.items() if found}
+        return Measured(form[0], form[1], data, dict(collector.file_tracers))
+    except Exception:
+        return None
+
+
+def merge_into_session(measured: Measured | None) -> bool:
+    """Add what a rank measured to this process's live measurements (the current dynamic
+    context, if any, is the test's: as for a plain test)."""
+    cov = measuring()
+    if measured is None or cov is None:
+        return False
+    if _form(cov) != (measured.tracer, measured.branch):
+        return False
+    collector = cov._collector
+    for name, found in measured.data.items():
+        collector.data.setdefault(name, set()).update(found)
+    collector.file_tracers.update(measured.file_tracers)
+    return True
+
+
 def save(cov: Any | None) -> None:
     """Write a rank's measurements (a rank ends with ``os._exit``: nothing else would)."""
     if cov is None:
@@ -115,6 +223,31 @@ def save(cov: Any | None) -> None:
     with contextlib.suppress(Exception):
         cov.stop()
         cov.save()
+
+
+def take_session() -> bytes | None:
+    """Stop this process's measurement and hand it over as bytes, its data file removed
+    (under torchrun: a rank's session, which rank 0 reports)."""
+    cov = measuring()
+    if cov is None:
+        return None
+    cov.stop()
+    data = cov.get_data()
+    blob: bytes = data.dumps()
+    data.erase()
+    return blob
+
+
+def merge_taken(blob: bytes) -> None:
+    """Add what ``take_session`` handed over in another process to this one's measurements."""
+    cov = measuring()
+    if cov is None or not blob:
+        return
+    from coverage import CoverageData
+
+    other = CoverageData(no_disk=True)
+    other.loads(blob)
+    cov.get_data().update(other)
 
 
 def combine_into_session(folder: str) -> int:

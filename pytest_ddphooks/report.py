@@ -32,6 +32,7 @@ class RankResult:
     warnings: list[dict[str, Any]] = field(default_factory=list)  # warning_relay's wire form
     sections: list[tuple[str, str, str]] = field(default_factory=list)  # (when, key, text): captured logs
     highlights: list[dict[str, Any]] = field(default_factory=list)  # events a timeline assertion named
+    measured: Any = None  # the rank's coverage, for the session's (coverage_relay.Measured)
 
     def write(self, path: str) -> None:
         tmp = path + ".tmp"

@@ -82,23 +82,70 @@ def test_pytest_cov_counts_lines_run_in_ranks_and_special_interpreters(project) 
 
 
 def test_a_function_whose_branches_run_on_different_ranks_shows_100_percent(project) -> None:
-    project.makepyfile(
-        test_only_ranks="""
-        import pytest
-        import torch.distributed as dist
-        from mypkg.code import on_rank
-
-        @pytest.mark.multirank(world_size=2)
-        def test_branches(rank):
-            on_rank(rank)
-            dist.barrier()
-        """
-    )
-    (project.path / "mypkg" / "code.py").write_text(PACKAGE.split("\n\n\ndef in_special")[0] + "\n")
+    _only_ranks(project)
     result = project.runpytest_subprocess(
         "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_only_ranks.py"
     )
     result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 100%"])
+
+
+ONLY_RANKS = """
+import pytest
+import torch.distributed as dist
+from mypkg.code import on_rank
+
+@pytest.mark.multirank(world_size=2)
+def test_branches(rank):
+    on_rank(rank)
+    dist.barrier()
+"""
+
+
+def _only_ranks(project) -> None:
+    project.makepyfile(test_only_ranks=ONLY_RANKS)
+    (project.path / "mypkg" / "code.py").write_text(PACKAGE.split("\n\n\ndef in_special")[0] + "\n")
+
+
+def test_branch_coverage_joins_the_branches_each_rank_took(project) -> None:
+    _only_ranks(project)
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-branch", "--cov-report=term-missing", "test_only_ranks.py"
+    )
+    result.assert_outcomes(passed=1)
+    # Stmts Miss Branch BrPart Cover: the if's two branches were taken on two different ranks
+    result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 2 * 0 * 100%"])
+
+
+def test_with_dynamic_contexts_the_ranks_lines_still_count(project) -> None:
+    # a rank whose measurement switches contexts saves a data file of its own, combined at the end
+    _only_ranks(project)
+    project.makefile(".coveragerc", "[run]\ndynamic_context = test_function\n")
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_only_ranks.py"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 100%"])
+    assert not list(project.path.glob(".coverage.*")), "the ranks' data files were combined, none left"
+
+
+def test_a_failing_rank_and_its_passing_peer_both_count(project) -> None:
+    project.makepyfile(
+        test_fails="""
+        import pytest
+        from mypkg.code import on_rank
+
+        @pytest.mark.multirank(world_size=2)
+        def test_rank1_fails(rank):
+            on_rank(rank)
+            assert rank == 0
+        """
+    )
+    (project.path / "mypkg" / "code.py").write_text(PACKAGE.split("\n\n\ndef in_special")[0] + "\n")
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_fails.py"
+    )
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 100%"])
 
 
@@ -150,3 +197,54 @@ def test_a_rank_killed_at_the_limit_loses_only_its_own_lines(project) -> None:
     result.stdout.fnmatch_lines(["*hang: the test did not finish within 3 s*"])
     # rank 1 was killed at the limit: what it ran (5, 17) is lost; rank 0's lines (3, 4) are kept
     result.stdout.fnmatch_lines(["mypkg/code.py * 10 * 4 * 60% * 5, 9, 13, 17"])
+
+
+def _torchrun(project, *args: str) -> tuple[int, str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["-m", "pytest", "-p", "no:cacheprovider", *args]
+    done = subprocess.run(command, cwd=project.path, capture_output=True, text=True, timeout=180)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_under_torchrun_rank_0_reports_the_lines_of_every_rank(project) -> None:
+    # every launched rank runs the session: rank 1's lines reach rank 0's report, and no rank
+    # races another over the data files (each saving and combining them lost some)
+    _only_ranks(project)
+    code, out = _torchrun(
+        project,
+        "--cov=mypkg",
+        "--cov-branch",
+        "--cov-report=term-missing",
+        "--cov-fail-under=100",
+        "test_only_ranks.py",
+    )
+    assert code == 0, out
+    assert out.count("mypkg/code.py") == 1, out  # one report: rank 0's
+    assert [ln.split()[1:] for ln in out.splitlines() if ln.startswith("mypkg/code.py")] == [
+        ["4", "0", "2", "0", "100%"]
+    ], out
+    assert "Couldn't use data file" not in out, out
+    assert sorted(p.name for p in project.path.glob(".coverage*")) == [".coverage"]
+
+
+def test_under_torchrun_a_line_no_rank_ran_is_missed(project) -> None:
+    project.makepyfile(
+        test_rank0_only="""
+        import pytest
+        import torch.distributed as dist
+        from mypkg.code import on_rank
+
+        @pytest.mark.multirank(world_size=2)
+        def test_zero(rank):
+            on_rank(0)
+            dist.barrier()
+        """
+    )
+    (project.path / "mypkg" / "code.py").write_text(PACKAGE.split("\n\n\ndef in_special")[0] + "\n")
+    code, out = _torchrun(
+        project, "--cov=mypkg", "--cov-report=term-missing", "--cov-fail-under=100", "test_rank0_only.py"
+    )
+    assert code != 0, out  # rank 0's total decides, and it is under 100
+    assert [ln.split()[1:] for ln in out.splitlines() if ln.startswith("mypkg/code.py")] == [["4", "1", "75%", "5"]], (
+        out
+    )

@@ -305,6 +305,7 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
     """The body, then the rank's end: the result is written before the exit barrier, so
     nothing a rank found is lost when a peer dies while the others wait."""
     result: RankResult
+    measured: Any = None
     if state.failure is not None:
         result = state.failure
     else:
@@ -320,7 +321,8 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
             try:
                 result = body(ctx)
             finally:
-                coverage_relay.save(measured)
+                coverage_relay.stop(measured)
+            result.measured = coverage_relay.measured_by(measured)
             recorder.read_native()
             recorder.write_final_counters()
         except BaseException as exc:
@@ -337,6 +339,8 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
     note(notes, rank, "done", result.outcome)
     # from here on the rank only takes its leave: nothing it prints is the test's output
     procs.retire(1, 2)
+    if result.measured is None:  # saved off the test's path: the session combines once every run ended
+        coverage_relay.save(measured)
     if state.store is not None:
         with contextlib.suppress(Exception):
             _exit_barrier(state.store, rank, job.world_size, result.outcome == "failed", job.group_limit)

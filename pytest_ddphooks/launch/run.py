@@ -25,6 +25,7 @@ import os
 import time
 from collections.abc import Callable
 
+from .. import coverage_relay
 from ..files import read_text
 from ..progress import RankProgress
 from ..recorder import events
@@ -281,6 +282,9 @@ class RunWatch:
             for rec in recs
             if rec[3] == "meta" and rec[6] and "ident" in rec[6]
         }
+        for result in report.results.values():
+            if coverage_relay.merge_into_session(result.measured):
+                result.measured = None
         watch_only = {events.ARMED: report.armed, events.FIRED: report.fired, events.HELD: report.held}
         for r, recs in raw.items():
             if recs:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from .. import spmd
+from .. import coverage_relay, spmd
 from ..errors import LeakWarning
 from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot
 from .markers import is_special
@@ -111,7 +111,8 @@ class LeakHooks:
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
         if self.mode == "off":
             return (yield)
-        item.stash[BEFORE_KEY] = self.guard.snapshot()
+        with coverage_relay.HarnessWork():
+            item.stash[BEFORE_KEY] = self.guard.snapshot()
         fresh = [fd for fd in self._scoped_fixtures(item) if fd.cached_result is None]
         try:
             return (yield)
@@ -119,7 +120,8 @@ class LeakHooks:
             made = [fd for fd in fresh if fd.cached_result is not None]
             if made:
                 item.stash[SCOPED_KEY] = made
-                item.stash[AFTER_SETUP_KEY] = self.guard.snapshot()
+                with coverage_relay.HarnessWork():
+                    item.stash[AFTER_SETUP_KEY] = self.guard.snapshot()
 
     def _scope_node(self, item: pytest.Item, scope: str) -> pytest.Node:
         kinds = {"class": pytest.Class, "module": pytest.Module, "package": pytest.Package}
@@ -131,7 +133,8 @@ class LeakHooks:
         try:
             return (yield)
         finally:
-            self._check(item)
+            with coverage_relay.HarnessWork():
+                self._check(item)
 
     def _check(self, item: pytest.Item) -> None:
         before = item.stash.get(BEFORE_KEY, None)

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from .. import coverage_relay
 from ..failure import RunFailure, Verdict, attempt_summary, classify, render
 from ..htmlreport import multirank_view
 from ..launch import debugger
@@ -166,6 +167,12 @@ class MultirankHooks:
         except rankfixtures.FixtureNotSendable as exc:
             active.unsendable = str(exc)
             return
+        with coverage_relay.HarnessWork():
+            self._start_ranks(item, run, active, values, instance)
+
+    def _start_ranks(
+        self, item: pytest.Function, run: MultirankRun, active: _Active, values: Any, instance: Any
+    ) -> None:
         markup = bool(self.config.get_terminal_writer().hasmarkup)
         node_dirs = self._node_dirs(item, run)
         payload = rankbody.ItemPayload(item.nodeid, values, instance, node_dirs, markup)
@@ -315,6 +322,10 @@ class MultirankHooks:
         """Wait for the end of the run (restarting its ranks after a death, as many times as
         the marker allows; exploring schedules after a pass), and say everything it left in
         the session."""
+        with coverage_relay.HarnessWork():
+            return self._end_run(item, active)
+
+    def _end_run(self, item: pytest.Item, active: _Active) -> Verdict:
         assert active.watch is not None and active.job is not None
         report, verdict = self._run_to_end(item, active, active.watch)
         if verdict.outcome == "passed" and active.exploration is not None and report.timeline is not None:

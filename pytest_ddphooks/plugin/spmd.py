@@ -150,11 +150,12 @@ class SpmdHooks:
         init_group(self.coord.store, self.rank, self.world_size, self.generation, max(limit, 1.0) + 30.0)
         self.group_ok = True
 
-    def exchange(self, blob: bytes) -> list[bytes]:
+    def exchange(self, blob: bytes, name: str = "timeline", what: str = "join recorder.timeline()") -> list[bytes]:
+        """Every rank's ``blob`` (of any size), in rank order; RanksMissing after the limit."""
         self._exchanges += 1
-        prefix = f"timeline-data/{self._exchanges}"
+        prefix = f"{name}-data/{self._exchanges}"
         chunks = blobs.put(self.coord.store, f"{prefix}/{self.rank}", blob)
-        counts = self.coord.all_gather("timeline", str(chunks).encode(), self.start_timeout, "join recorder.timeline()")
+        counts = self.coord.all_gather(name, str(chunks).encode(), self.start_timeout, what)
         return [
             blob if r == self.rank else blobs.get(self.coord.store, f"{prefix}/{r}", int(n))
             for r, n in enumerate(counts)

@@ -21,6 +21,7 @@ import contextlib
 import glob
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,21 +144,46 @@ def _decide_loaded_files(cov: Any) -> None:
             cache[filename] = decide(filename, _ModuleFrame(module))
 
 
-def start_in_rank() -> Any | None:
-    """Measure the rank's test on its own (its body and its fixtures: what the test runs)."""
+class RankMeasurement:
+    """A rank's measurement of its test: running while the test's own code runs (fixtures,
+    body, finalizers), not while the harness sets the test up or reports it."""
+
+    def __init__(self) -> None:
+        self.cov = _rank_coverage()
+
+    @contextlib.contextmanager
+    def test_code(self) -> Iterator[None]:
+        cov = self.cov
+        started = False
+        if cov is not None:
+            with contextlib.suppress(Exception):
+                cov.start()
+                started = True
+        try:
+            yield
+        finally:
+            if started:
+                stop(cov)
+
+
+def _rank_coverage() -> Any | None:
+    """The measurement a rank runs, not started yet (None when nothing is measured)."""
     if ENV not in os.environ or _coverage() is None:
         return None
     import coverage
 
     stop_inherited()
     if _prepared is not None:
-        with contextlib.suppress(Exception):
-            _prepared.start()
-            return _prepared
+        return _prepared
     try:
-        return coverage.process_startup(force=True)
-    except TypeError:  # a coverage older than 7.10
-        return coverage.process_startup()
+        try:
+            cov = coverage.process_startup(force=True)
+        except TypeError:  # a coverage older than 7.10
+            cov = coverage.process_startup()
+    except Exception:
+        return None
+    stop(cov)  # it starts measuring at once; the rank starts it around the test's code
+    return cov
 
 
 def stop(cov: Any | None) -> None:

@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -53,6 +53,9 @@ class RankContext:
     store: Any  # the run's own key-value store (a PrefixStore), for the harness
     notes: int = -1  # the write end of the run's note pipe
     debugger: RankDebugger | None = None  # lends this rank the pytest process's terminal
+    # coverage, when the session measures it: the body runs the test's own code inside
+    # ``measured.test_code()``
+    measured: coverage_relay.RankMeasurement = field(default_factory=coverage_relay.RankMeasurement)
 
     def note(self, phase: str, status: str) -> None:
         """Tell the pytest process (through the fork server) that this rank reached ``phase``."""
@@ -203,6 +206,11 @@ class _SetUp:
     failure: RankResult | None = None  # set-up failed: what the rank reports instead
 
 
+# a rank leaves through the os._exit of before the test: coverage's ``_exit`` patch, applied
+# when the rank's measurement starts, would write a data file for lines already handed over
+_leave = os._exit
+
+
 def _harness_failure(rank: int, exc: BaseException) -> RankResult:
     return RankResult(
         rank,
@@ -279,7 +287,7 @@ def _await_job(handed: int, ahead: Job) -> Job:
         except InterruptedError:
             continue
         if not got:
-            os._exit(0)
+            _leave(0)
         os.close(handed)
         with open(os.path.join(ahead.run_dir, HANDED_JOB), "rb") as f:
             job: Job = pickle.load(f)
@@ -305,7 +313,7 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
     """The body, then the rank's end: the result is written before the exit barrier, so
     nothing a rank found is lost when a peer dies while the others wait."""
     result: RankResult
-    measured: Any = None
+    measured: Any = None  # the rank's coverage
     if state.failure is not None:
         result = state.failure
     else:
@@ -317,11 +325,8 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
             ctx = RankContext(
                 job, rank, job.world_size, rank % local, local, rank // local, recorder, state.store, notes, debugger
             )
-            measured = coverage_relay.start_in_rank()
-            try:
-                result = body(ctx)
-            finally:
-                coverage_relay.stop(measured)
+            measured = ctx.measured.cov
+            result = body(ctx)
             result.measured = coverage_relay.measured_by(measured)
             recorder.read_native()
             recorder.write_final_counters()
@@ -344,7 +349,7 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
     if state.store is not None:
         with contextlib.suppress(Exception):
             _exit_barrier(state.store, rank, job.world_size, result.outcome == "failed", job.group_limit)
-    os._exit(0)
+    _leave(0)
 
 
 def _exit_barrier(store: Any, rank: int, world_size: int, failed: bool, timeout: float) -> None:

@@ -133,31 +133,32 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
     fixtures: RankFixtures | None = None
     error: BaseException | None = None
     phase = "setup"
-    try:
-        values = {}
-        for name, blob in payload.values.items():
-            try:
-                values[name] = pickle.loads(blob)
-            except Exception as exc:
-                raise RuntimeError(
-                    f"fixture {name!r} could not be rebuilt in the rank: {type(exc).__name__}: {exc}"
-                ) from exc
-        if payload.instance_state is not None and getattr(item, "instance", None) is not None:
-            item.instance.__dict__.update(pickle.loads(payload.instance_state))
-        fixtures = RankFixtures(item, values, builtins)
-        item.funcargs = fixtures.arguments()
-        ctx.note("setup", "ok")
-        phase = "call"
-        _lend_breakpoints(ctx)
-        item.ihook.pytest_pyfunc_call(pyfuncitem=item)
-    except BaseException as exc:
-        error = exc
-        if phase != "call":
-            ctx.note("setup", "failed")
-        elif _wants_post_mortem(ctx, exc):
-            assert ctx.debugger is not None
-            ctx.debugger.post_mortem(exc)
-    teardown_errors = fixtures.teardown() if fixtures is not None else []
+    with ctx.measured.test_code():  # coverage: the test's own code, not the harness around it
+        try:
+            values = {}
+            for name, blob in payload.values.items():
+                try:
+                    values[name] = pickle.loads(blob)
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"fixture {name!r} could not be rebuilt in the rank: {type(exc).__name__}: {exc}"
+                    ) from exc
+            if payload.instance_state is not None and getattr(item, "instance", None) is not None:
+                item.instance.__dict__.update(pickle.loads(payload.instance_state))
+            fixtures = RankFixtures(item, values, builtins)
+            item.funcargs = fixtures.arguments()
+            ctx.note("setup", "ok")
+            phase = "call"
+            _lend_breakpoints(ctx)
+            item.ihook.pytest_pyfunc_call(pyfuncitem=item)
+        except BaseException as exc:
+            error = exc
+            if phase != "call":
+                ctx.note("setup", "failed")
+            elif _wants_post_mortem(ctx, exc):
+                assert ctx.debugger is not None
+                ctx.debugger.post_mortem(exc)
+        teardown_errors = fixtures.teardown() if fixtures is not None else []
     elapsed = time.monotonic() - started
     if error is None and teardown_errors:
         error, phase = teardown_errors[0], "teardown"

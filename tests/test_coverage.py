@@ -120,7 +120,7 @@ def test_branch_coverage_joins_the_branches_each_rank_took(project) -> None:
 def test_with_dynamic_contexts_the_ranks_lines_still_count(project) -> None:
     # a rank whose measurement switches contexts saves a data file of its own, combined at the end
     _only_ranks(project)
-    project.makefile(".coveragerc", "[run]\ndynamic_context = test_function\n")
+    (project.path / ".coveragerc").write_text("[run]\ndynamic_context = test_function\n")
     result = project.runpytest_subprocess(
         "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_only_ranks.py"
     )
@@ -248,3 +248,21 @@ def test_under_torchrun_a_line_no_rank_ran_is_missed(project) -> None:
     assert [ln.split()[1:] for ln in out.splitlines() if ln.startswith("mypkg/code.py")] == [["4", "1", "75%", "5"]], (
         out
     )
+
+
+def test_with_test_contexts_a_ranks_lines_belong_to_its_test(project) -> None:
+    # --cov-context=test: the lines rank 1 ran are the test's, in its "run" phase, as a plain
+    # test's body lines would be
+    _only_ranks(project)
+    (project.path / ".coveragerc").write_text("[json]\nshow_contexts = True\n")
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-context=test", "--cov-report=json", "test_only_ranks.py"
+    )
+    result.assert_outcomes(passed=1)
+    import json
+
+    report = json.loads((project.path / "coverage.json").read_text())
+    contexts = report["files"]["mypkg/code.py"]["contexts"]
+    # line 4: `return "other"`, run on rank 1 only; line 3 on rank 0 only
+    assert contexts["4"] == ["test_only_ranks.py::test_branches|run"], contexts
+    assert contexts["3"] == ["test_only_ranks.py::test_branches|run"], contexts

@@ -74,6 +74,9 @@ def child_config(folder: str) -> str | None:
     return str(config.serialize())
 
 
+_session_form: tuple[str, bool] | None = None  # the pytest process's tracer, in a forked process
+
+
 def stop_inherited() -> None:
     """In a freshly forked rank: stop the measurement inherited from the parent (its data is
     the parent's, never written from here)."""
@@ -84,9 +87,6 @@ def stop_inherited() -> None:
             _session_form = _session_form or _form(cov)
             cov._auto_save = False
             cov.stop()
-
-
-_session_form: tuple[str, bool] | None = None  # the pytest process's tracer, in a forked process
 
 
 _prepared: Any | None = None  # made ready once in the fork server: each rank only starts it
@@ -167,12 +167,12 @@ class RankMeasurement:
 
 
 def _rank_coverage() -> Any | None:
-    """The measurement a rank runs, not started yet (None when nothing is measured)."""
+    """The measurement a rank runs, not started yet (None when nothing is measured); the
+    one it inherited was stopped as the rank was set up."""
     if ENV not in os.environ or _coverage() is None:
         return None
     import coverage
 
-    stop_inherited()
     if _prepared is not None:
         return _prepared
     try:

@@ -313,7 +313,7 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
     """The body, then the rank's end: the result is written before the exit barrier, so
     nothing a rank found is lost when a peer dies while the others wait."""
     result: RankResult
-    measured: Any = None  # the rank's coverage
+    rank_cov: Any = None  # the rank's coverage measurement, when the session measures
     if state.failure is not None:
         result = state.failure
     else:
@@ -325,9 +325,9 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
             ctx = RankContext(
                 job, rank, job.world_size, rank % local, local, rank // local, recorder, state.store, notes, debugger
             )
-            measured = ctx.measured.cov
+            rank_cov = ctx.measured.cov
             result = body(ctx)
-            result.measured = coverage_relay.measured_by(measured)
+            result.measured = coverage_relay.measured_by(rank_cov)
             recorder.read_native()
             recorder.write_final_counters()
         except BaseException as exc:
@@ -345,7 +345,7 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
     # from here on the rank only takes its leave: nothing it prints is the test's output
     procs.retire(1, 2)
     if result.measured is None:  # saved off the test's path: the session combines once every run ended
-        coverage_relay.save(measured)
+        coverage_relay.save(rank_cov)
     if state.store is not None:
         with contextlib.suppress(Exception):
             _exit_barrier(state.store, rank, job.world_size, result.outcome == "failed", job.group_limit)

@@ -15,8 +15,8 @@ from .markers import RUN_KEY, TIMEOUT_KEY, MultirankRun
 from .settings import Settings
 
 SPECIAL_GRACE = 30.0  # a special multirank test's own watchdog reports first
-TIMED_SPECIAL_GRACE = 10.0
-COMPACT_MEMORY_RUNS = 20  # pytest-timeout times the test inside; this catches what it cannot stop
+TIMED_SPECIAL_GRACE = 10.0  # pytest-timeout times the test inside; this catches what it cannot stop
+COMPACT_MEMORY_RUNS = 20  # multirank runs in a session from which the fork server uses huge pages
 
 
 class DdpSession:

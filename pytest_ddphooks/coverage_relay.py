@@ -7,7 +7,9 @@ combined into the session's own measurements, before pytest-cov (or ``coverage r
 and reports them. Nothing needs configuring:
 
 - a forked rank stops the measurement it inherited (its data would be the parent's) and
-  starts its own, saved when the rank ends (a rank killed by the watchdog loses its own);
+  resumes the one the fork server started and paused for it while the test's own code runs;
+  its lines go to the pytest process with its result (a rank killed by the watchdog loses
+  its own);
 - a new interpreter (a special test, a rank the code under test spawns) starts measuring
   through coverage's own start-up hook (``COVERAGE_PROCESS_CONFIG``, read by the ``.pth``
   file coverage installs) and saves at exit;
@@ -78,24 +80,27 @@ _session_form: tuple[str, bool] | None = None  # the pytest process's tracer, in
 
 
 def stop_inherited() -> None:
-    """In a freshly forked rank: stop the measurement inherited from the parent (its data is
-    the parent's, never written from here)."""
+    """In the fork server, and in a freshly forked rank: stop the session's measurement
+    inherited from the parent (its data is the parent's, never written from here)."""
     global _session_form
     cov = measuring()
-    if cov is not None:
+    if cov is not None and cov is not _prepared:
         with contextlib.suppress(Exception):
             _session_form = _session_form or _form(cov)
             cov._auto_save = False
             cov.stop()
 
 
-_prepared: Any | None = None  # made ready once in the fork server: each rank only starts it
+_prepared: Any | None = None  # started and paused once in the fork server: a rank resumes it
+_in_rank = False  # this process is a rank that measures with ``_prepared``
 
 
 def prepare(config: str) -> None:
-    """In the fork server: a measurement with the ranks' configuration, set up once (finding
-    what to measure is most of the cost of starting one); each rank forked from here starts
-    it and writes its own data file (coverage's data notices the fork)."""
+    """In the fork server: start a measurement with the ranks' configuration and pause it at
+    once. A rank forked from here only resumes it around its test's code: what starting one
+    costs (finding what to measure, the tracer, coverage's patches) is paid once here
+    instead of in every rank, where each first write to memory shared with this process
+    is a page copied."""
     global _prepared
     if _coverage() is None:
         return
@@ -104,19 +109,31 @@ def prepare(config: str) -> None:
     try:
         cov = coverage.Coverage(config_file=coverage.control.CONFIG_DATA_PREFIX + config)
         patches = list(getattr(cov.config, "patch", []))
-        if patches:
-            cov.config.patch = []  # patched in the rank, where it measures, not here
+        cov.config.patch = []  # not here: forked test processes are handled by _after_fork
         for quiet in ("_warn_no_data", "_warn_unimported_source", "_warn_preimported_source"):
             setattr(cov, quiet, False)
         cov._auto_save = False
         cov.start()
-        cov.stop()
-        if patches:
-            cov.config.patch = patches
+        cov._collector.pause()
+        cov._collector.data.clear()  # the few lines of this function, were they measured
+        cov.config.patch = patches
     except Exception:
         return  # ranks start their own, the slower way
     _prepared = cov
     _decide_loaded_files(cov)
+    if "fork" in patches:
+        os.register_at_fork(after_in_child=_after_fork)
+
+
+def _after_fork() -> None:
+    """In every process forked from the fork server or a rank: a process the test forked in
+    its rank measures itself as coverage's ``fork`` patch has it (a fresh measurement saved
+    at its exit); a rank or the fork server's helpers do nothing here."""
+    if _in_rank:
+        with contextlib.suppress(Exception):
+            from coverage.control import _after_fork_in_child
+
+            _after_fork_in_child()
 
 
 class _ModuleFrame:
@@ -130,10 +147,13 @@ def _decide_loaded_files(cov: Any) -> None:
     """Decide here, once, whether each module already loaded is measured: a rank would
     otherwise decide again for every file its test touches (~50 us each, ~40 files a test).
     The decision is coverage's own, keyed as its tracer keys it (the code's file name,
-    which for a module loaded from source is its ``__file__``)."""
+    which for a module loaded from source is its ``__file__``). For coverage's C tracer a
+    file not measured is cached as None, which it reads as "not traced" without touching
+    an object of its own (each would be a page copied in every rank)."""
     try:
         cache = cov._collector.should_trace_cache
         decide = cov._should_trace
+        c_tracer = cov._collector.tracer_name() == "CTracer"
     except AttributeError:
         return
     for module in list(sys.modules.values()):
@@ -141,7 +161,8 @@ def _decide_loaded_files(cov: Any) -> None:
         if not isinstance(filename, str) or not filename.endswith(".py") or filename in cache:
             continue
         with contextlib.suppress(Exception):
-            cache[filename] = decide(filename, _ModuleFrame(module))
+            disposition = decide(filename, _ModuleFrame(module))
+            cache[filename] = None if c_tracer and not disposition.trace else disposition
 
 
 class RankMeasurement:
@@ -149,7 +170,10 @@ class RankMeasurement:
     body, finalizers), not while the harness sets the test up or reports it."""
 
     def __init__(self) -> None:
+        global _in_rank
         self.cov = _rank_coverage()
+        self._resumes = self.cov is not None and self.cov is _prepared
+        _in_rank = _in_rank or self._resumes
 
     @contextlib.contextmanager
     def test_code(self) -> Iterator[None]:
@@ -157,13 +181,20 @@ class RankMeasurement:
         started = False
         if cov is not None:
             with contextlib.suppress(Exception):
-                cov.start()
+                if self._resumes:
+                    cov._collector.resume()
+                else:
+                    cov.start()
                 started = True
         try:
             yield
         finally:
             if started:
-                stop(cov)
+                if self._resumes:
+                    with contextlib.suppress(Exception):
+                        cov._collector.pause()
+                else:
+                    stop(cov)
 
 
 def _rank_coverage() -> Any | None:

@@ -199,6 +199,35 @@ def test_a_rank_killed_at_the_limit_loses_only_its_own_lines(project) -> None:
     result.stdout.fnmatch_lines(["mypkg/code.py * 10 * 4 * 60% * 5, 9, 13, 17"])
 
 
+def test_a_child_a_rank_forks_counts_its_own_lines(project) -> None:
+    # the rank's measurement was started once in the fork server and is only resumed in the
+    # rank: a process the test forks still measures itself and saves as it leaves
+    project.makepyfile(
+        test_fork="""
+        import os
+        import pytest
+        from mypkg.code import in_spawned_child, on_rank
+
+        @pytest.mark.multirank(world_size=2)
+        def test_rank0_forks(rank):
+            on_rank(rank)
+            if rank == 0:
+                pid = os.fork()
+                if pid == 0:
+                    in_spawned_child()
+                    os._exit(0)
+                assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        """
+    )
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_fork.py"
+    )
+    result.assert_outcomes(passed=1)
+    # both ranks' branches and the forked child's function: only the two helpers not run
+    result.stdout.fnmatch_lines(["mypkg/code.py * 10 * 2 * 80% * 9, 17"])
+    assert not list(project.path.glob(".coverage.*")), "the child's data file was combined, none left"
+
+
 def _torchrun(project, *args: str) -> tuple[int, str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += ["-m", "pytest", "-p", "no:cacheprovider", *args]

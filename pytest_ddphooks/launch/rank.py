@@ -207,7 +207,8 @@ class _SetUp:
 
 
 # a rank leaves through the os._exit of before the test: coverage's ``_exit`` patch, applied
-# when the rank's measurement starts, would write a data file for lines already handed over
+# when a rank starts a measurement of its own (the fork server could not prepare one), would
+# write a data file for lines already handed over
 _leave = os._exit
 
 

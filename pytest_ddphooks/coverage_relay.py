@@ -106,6 +106,7 @@ def prepare(config: str) -> None:
         return
     import coverage
 
+    cov = None
     try:
         cov = coverage.Coverage(config_file=coverage.control.CONFIG_DATA_PREFIX + config)
         patches = list(getattr(cov.config, "patch", []))
@@ -118,6 +119,8 @@ def prepare(config: str) -> None:
         cov._collector.data.clear()  # the few lines of this function, were they measured
         cov.config.patch = patches
     except Exception:
+        if cov is not None:
+            stop(cov)  # never left measuring the fork server
         return  # ranks start their own, the slower way
     _prepared = cov
     _decide_loaded_files(cov)

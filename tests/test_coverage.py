@@ -66,15 +66,18 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+def _with_cov(project: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """An inner session measuring mypkg with pytest-cov (report options and tests in ``args``)."""
+    return project.runpytest_subprocess("-p", "no:cacheprovider", "--cov=mypkg", *args)
+
+
 def _missing(text: str) -> str:
     line = next(ln for ln in text.splitlines() if ln.startswith("mypkg/code.py"))
     return line
 
 
 def test_pytest_cov_counts_lines_run_in_ranks_and_special_interpreters(project) -> None:
-    result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "-k", "not spawns"
-    )
+    result = _with_cov(project, "--cov-report=term-missing", "-k", "not spawns")
     result.assert_outcomes(passed=2)
     # everything but the spawned child's function and the hang helper
     result.stdout.fnmatch_lines(["mypkg/code.py * 10 * 2 * 80% * 13, 17"])
@@ -83,9 +86,7 @@ def test_pytest_cov_counts_lines_run_in_ranks_and_special_interpreters(project) 
 
 def test_a_function_whose_branches_run_on_different_ranks_shows_100_percent(project) -> None:
     _only_ranks(project)
-    result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_only_ranks.py"
-    )
+    result = _with_cov(project, "--cov-report=term-missing", "test_only_ranks.py")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 100%"])
 
@@ -109,9 +110,7 @@ def _only_ranks(project) -> None:
 
 def test_branch_coverage_joins_the_branches_each_rank_took(project) -> None:
     _only_ranks(project)
-    result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-branch", "--cov-report=term-missing", "test_only_ranks.py"
-    )
+    result = _with_cov(project, "--cov-branch", "--cov-report=term-missing", "test_only_ranks.py")
     result.assert_outcomes(passed=1)
     # Stmts Miss Branch BrPart Cover: the if's two branches were taken on two different ranks
     result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 2 * 0 * 100%"])
@@ -121,9 +120,7 @@ def test_with_dynamic_contexts_the_ranks_lines_still_count(project) -> None:
     # a rank whose measurement switches contexts saves a data file of its own, combined at the end
     _only_ranks(project)
     (project.path / ".coveragerc").write_text("[run]\ndynamic_context = test_function\n")
-    result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_only_ranks.py"
-    )
+    result = _with_cov(project, "--cov-report=term-missing", "test_only_ranks.py")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 100%"])
     assert not list(project.path.glob(".coverage.*")), "the ranks' data files were combined, none left"
@@ -142,9 +139,7 @@ def test_a_failing_rank_and_its_passing_peer_both_count(project) -> None:
         """
     )
     (project.path / "mypkg" / "code.py").write_text(PACKAGE.split("\n\n\ndef in_special")[0] + "\n")
-    result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_fails.py"
-    )
+    result = _with_cov(project, "--cov-report=term-missing", "test_fails.py")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 100%"])
 
@@ -166,9 +161,7 @@ def test_coverage_run_counts_them_too_and_a_spawned_child(project) -> None:
 
 
 def test_under_xdist_the_workers_ranks_are_counted(project) -> None:
-    result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-n", "2", "--cov=mypkg", "--cov-report=term-missing", "-k", "branches"
-    )
+    result = _with_cov(project, "-n", "2", "--cov-report=term-missing", "-k", "branches")
     result.assert_outcomes(passed=1)
     # both branches of on_rank ran, on different ranks of a worker
     result.stdout.fnmatch_lines(["mypkg/code.py * 10 * 3 * 70% * 9, 13, 17"])
@@ -190,9 +183,7 @@ def test_a_rank_killed_at_the_limit_loses_only_its_own_lines(project) -> None:
             on_rank(rank)
         """
     )
-    result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_hang.py"
-    )
+    result = _with_cov(project, "--cov-report=term-missing", "test_hang.py")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*hang: the test did not finish within 3 s*"])
     # rank 1 was killed at the limit: what it ran (5, 17) is lost; rank 0's lines (3, 4) are kept
@@ -219,9 +210,7 @@ def test_a_child_a_rank_forks_counts_its_own_lines(project) -> None:
                 assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
         """
     )
-    result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-report=term-missing", "test_fork.py"
-    )
+    result = _with_cov(project, "--cov-report=term-missing", "test_fork.py")
     result.assert_outcomes(passed=1)
     # both ranks' branches and the forked child's function: only the two helpers not run
     result.stdout.fnmatch_lines(["mypkg/code.py * 10 * 2 * 80% * 9, 17"])
@@ -284,9 +273,7 @@ def test_with_test_contexts_a_ranks_lines_belong_to_its_test(project) -> None:
     # test's body lines would be
     _only_ranks(project)
     (project.path / ".coveragerc").write_text("[json]\nshow_contexts = True\n")
-    result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cov=mypkg", "--cov-context=test", "--cov-report=json", "test_only_ranks.py"
-    )
+    result = _with_cov(project, "--cov-context=test", "--cov-report=json", "test_only_ranks.py")
     result.assert_outcomes(passed=1)
     import json
 

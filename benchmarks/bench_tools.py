@@ -7,7 +7,8 @@ of a small package, with and without ``--cov``, and N plain tests calling the sa
 with and without. Each session measures its own test loop from inside (a ``conftest.py`` of
 the generated suite, reading only clocks and ``/proc``): from the first test's start to the last
 test's end, the CPU of the pytest process and of every process under it (the fork server, and
-the ranks it reaped: the ranks of all but the last test or so), and the wall; divided by N.
+the ranks it reaped, read once more as the session finishes, when every rank was reaped), and the
+wall; divided by N.
 Starting the interpreter, importing torch, coverage's start and report are outside the loop,
 so they neither count nor add their noise (in sessions of a few seconds they used to swamp a
 plain test's 1 ms). What ``--cov`` adds is taken round by round (the two sessions of a kind run
@@ -83,6 +84,8 @@ import json
 import os
 import time
 
+import pytest
+
 _TICK = os.sysconf("SC_CLK_TCK")
 _first = None
 _last = None
@@ -108,20 +111,28 @@ def _under_us():
     return total
 
 
-def _now():
-    return {"wall": time.monotonic(), "own": time.process_time(), "under": _under_us()}
+def _clocks():
+    return {"wall": time.monotonic(), "own": time.process_time()}
 
 
 def pytest_runtest_logstart(nodeid, location):
     global _first
     if _first is None:
-        _first = _now()
+        _first = {**_clocks(), "under": _under_us()}
 
 
 def pytest_runtest_logfinish(nodeid, location):
     global _last, _items
     _items += 1
-    _last = _now()
+    _last = _clocks()  # only clocks here: reading /proc would add work inside the loop measured
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionfinish(session):
+    # the ranks of the last tests were reaped as the test loop ended; the fork server still runs
+    if _last is not None:
+        _last["under"] = _under_us()
+    yield
 
 
 def pytest_unconfigure(config):

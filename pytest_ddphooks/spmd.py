@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from .launch.rendezvous import no_reverse_lookups
+
 ENV_MARKERS = ("TORCHELASTIC_RUN_ID",)
 # this rank's own stderr, kept before pytest captures it: what must reach the user even from
 # inside a captured test (a hang report just before the rank ends the run)
@@ -73,10 +75,11 @@ class Coordinator:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         wait = timedelta(seconds=timeout)
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            store = dist.TCPStore(host, port, world, False, wait)
-        else:
-            store = dist.TCPStore(host, port, world, rank == 0, wait, multi_tenant=True)
+        with no_reverse_lookups():
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                store = dist.TCPStore(host, port, world, False, wait)
+            else:
+                store = dist.TCPStore(host, port, world, rank == 0, wait, multi_tenant=True)
         return cls(dist.PrefixStore("ddphooks-spmd/", store), rank, world)
 
     def _key(self, name: str) -> str:

@@ -26,12 +26,8 @@ from .session import DdpSession
 from .settings import Settings
 from .spmd import SpmdHooks
 
-# Before any conftest imports torch: torch.distributed is patched as it loads. It is then
-# imported here, in every pytest process: pytester's in-process runs drop the modules an inner
-# session imported, and a second import of torch in one process crashes it; imported by the
-# outer session, torch survives every inner one.
+# Before any conftest imports torch: torch.distributed is patched as it loads.
 distpatch.install()
-import torch.distributed  # noqa: E402, F401
 
 SESSION_NAME = "ddphooks-session"
 __all__ = ["faults", "node_tmp_path", "rank", "recorder", "restart_count", "shared_tmp_path", "world_size"]
@@ -45,6 +41,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in (MULTIRANK_HELP, SPECIAL_HELP, ALLOW_HELP):
         config.addinivalue_line("markers", line)
+    if not _hands_tests_to_workers(config):
+        # imported by the outer session of a process: pytester's in-process runs drop the
+        # modules an inner session imported, and a second import of torch in one process
+        # crashes it; imported by the outer session, torch survives every inner one
+        import torch.distributed  # noqa: F401
     if config.pluginmanager.is_blocked("ddphooks") or config.pluginmanager.has_plugin(SESSION_NAME):
         return
     settings = Settings.from_config(config)  # a bad value stops the run here, once
@@ -71,6 +72,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(special.SpecialTargetHooks(target), "ddphooks-special-target")
         if special.reports_to_parent():
             config.pluginmanager.register(special.SpecialChildHooks(config), "ddphooks-special-child")
+
+
+def _hands_tests_to_workers(config: pytest.Config) -> bool:
+    """An xdist controller runs no test: it has no use for torch, whose import (a second of
+    CPU) would only compete with its workers starting."""
+    return config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -344,11 +344,16 @@ XDIST_TARGET = 12.0
 
 
 def latency(report: Report, args: object) -> None:
-    """Fresh-rank tests against the naive floor, and a large suite under xdist."""
+    """Fresh-rank tests against the naive floor, and a large suite under xdist.
+
+    The floor and the plugin's sessions are measured round by round, side by side, and the
+    ratio is taken within each round: on a shared 2-core machine the floor alone moved by a
+    third between runs an hour apart, which a ratio of separate medians would carry."""
     quick = bool(getattr(args, "quick", False))
     per_size = {2: 10 if quick else 40, 8: 5 if quick else 20}
-    repeats = 1 if quick else 2
+    rounds = 1 if quick else 5
     xdist_n = 100 if quick else 500
+    xdist_repeats = 1 if quick else 3
     files = {
         f"test_barrier_{ws}_{n}.py": BARRIER_TEST.format(size=ws, n=n) for ws, k in per_size.items() for n in (k, 2 * k)
     }
@@ -357,48 +362,59 @@ def latency(report: Report, args: object) -> None:
     checks: list[list[object]] = []
     with Suite(files, keep=bool(getattr(args, "keep", False))) as suite:
         for ws, k in per_size.items():
-            progress(f"naive floor at {ws} ranks, {k} tests")
-            floor = floor_per_test(ws, k)
-            marginal: dict[str, float] = {}
-            junit: dict[str, float] = {}
-            for mode in ("on", "off"):
-                walls: dict[int, list[float]] = {k: [], 2 * k: []}
-                calls: list[float] = []
-                for r in range(repeats):
+            floors: list[float] = []
+            marginal: dict[str, list[float]] = {"on": [], "off": []}
+            junit: dict[str, list[float]] = {"on": [], "off": []}
+            ratios: list[float] = []
+            for r in range(rounds):
+                progress(f"round {r + 1}/{rounds}: naive floor at {ws} ranks, {k} tests")
+                floors.append(floor_per_test(ws, k))
+                for mode in ("on", "off"):
+                    walls = {}
                     for n in (k, 2 * k):
-                        progress(f"round {r + 1}/{repeats}: {ws} ranks, --ddp-prepare={mode}, {n} tests")
+                        progress(f"round {r + 1}/{rounds}: {ws} ranks, --ddp-prepare={mode}, {n} tests")
                         session = suite.run_ok(f"test_barrier_{ws}_{n}.py", f"--ddp-prepare={mode}", expect=n)
-                        walls[n].append(session.wall)
-                        calls.extend(session.durations())
-                marginal[mode] = (median(walls[2 * k]) - median(walls[k])) / k
-                junit[mode] = median(calls)
-            x = marginal["on"] / floor
+                        walls[n] = session.wall
+                        junit[mode].extend(session.durations())
+                    marginal[mode].append((walls[2 * k] - walls[k]) / k)
+                ratios.append(marginal["on"][-1] / floors[-1])
+            x = median(ratios)
             rows.append(
-                [ws, ms(floor), ms(marginal["on"]), ms(junit["on"]), f"{x:.2f}x", ms(marginal["off"]), ms(junit["off"])]
+                [
+                    ws,
+                    ms(median(floors)),
+                    ms(median(marginal["on"])),
+                    ms(median(junit["on"])),
+                    f"{x:.2f}x ({min(ratios):.2f}..{max(ratios):.2f})",
+                    ms(median(marginal["off"])),
+                    ms(median(junit["off"])),
+                ]
             )
             target = FLOOR_TARGETS[ws]
             checks.append(
                 [
-                    f"{ws} ranks: prepared per-test cost / naive floor",
+                    f"{ws} ranks: prepared per-test cost / naive floor (median of {rounds} rounds)",
                     f"{x:.2f}x",
                     f"<= {target}x",
                     verdict(x <= target),
                 ]
             )
-        walls_n2: dict[str, float] = {}
-        for mode in ("on", "off"):
-            progress(f"{xdist_n} trivial 2-rank tests under -n 2, --ddp-prepare={mode}")
-            session = suite.run_ok(f"test_xdist_{xdist_n}.py", "-n", "2", f"--ddp-prepare={mode}", expect=xdist_n)
-            walls_n2[mode] = session.wall
+        walls_n2: dict[str, list[float]] = {"on": [], "off": []}
+        for r in range(xdist_repeats):
+            for mode in ("on", "off") if r == 0 else ("on",):
+                progress(f"{xdist_n} trivial 2-rank tests under -n 2, --ddp-prepare={mode} ({r + 1}/{xdist_repeats})")
+                session = suite.run_ok(f"test_xdist_{xdist_n}.py", "-n", "2", f"--ddp-prepare={mode}", expect=xdist_n)
+                walls_n2[mode].append(session.wall)
+        on = median(walls_n2["on"])
         checks.append(
             [
-                f"{xdist_n} trivial 2-rank tests, -n 2, session wall",
-                sec(walls_n2["on"]),
+                f"{xdist_n} trivial 2-rank tests, -n 2, session wall (median of {xdist_repeats})",
+                f"{sec(on)} ({', '.join(sec(w) for w in walls_n2['on'])})",
                 f"<= {XDIST_TARGET:g} s" if xdist_n == 500 else "(quick run)",
-                verdict(walls_n2["on"] <= XDIST_TARGET) if xdist_n == 500 else "",
+                verdict(on <= XDIST_TARGET) if xdist_n == 500 else "",
             ]
         )
-        checks.append(["same, --ddp-prepare=off", sec(walls_n2["off"]), "(information)", ""])
+        checks.append(["same, --ddp-prepare=off (one run)", sec(median(walls_n2["off"])), "(information)", ""])
     report.section(
         "Fresh-rank latency against the naive floor (one barrier per test)",
         table(
@@ -407,7 +423,7 @@ def latency(report: Report, args: object) -> None:
                 "naive floor (median)",
                 "plugin, prepared: marginal per test",
                 "plugin, prepared: junit median",
-                "prepared / floor",
+                "prepared / floor (median of rounds; range)",
                 "plugin, --ddp-prepare=off: marginal",
                 "--ddp-prepare=off: junit median",
             ],
@@ -417,8 +433,10 @@ def latency(report: Report, args: object) -> None:
             "naive floor: benchmarks/_floor.py, a multiprocessing forkserver with torch and torch.distributed"
             " preloaded; per test it starts world-size processes that init a gloo group (tcp://), barrier,"
             " destroy it; the time from the first start to the last join, median over the tests.",
-            "marginal per test: (session wall with 2N tests - session wall with N tests) / N, medians over"
-            " repeats: the steady cost of one more test, start-up cancelled.",
+            "marginal per test: (session wall with 2N tests - session wall with N tests) / N: the steady"
+            " cost of one more test, start-up cancelled; medians over the rounds.",
+            "rounds: each measures the floor, then the plugin's four sessions, and gives its own ratio"
+            " (prepared marginal / that round's floor); the table gives their median and range.",
             "junit median: setup+call+teardown of each test (the ranks prepared ahead of a test are not in"
             " it unless the test had to wait for them).",
         ],

@@ -52,3 +52,24 @@ def test_recorder_imports_without_pytest() -> None:
         "assert 'pytest' not in sys.modules and '_pytest' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+TORCH_PROBE = """
+import os
+import sys
+
+
+def pytest_sessionfinish(session):
+    role = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    with open(os.path.join(str(session.config.rootpath), f"torch-{role}.txt"), "w") as f:
+        f.write(str("torch" in sys.modules))
+"""
+
+
+def test_an_xdist_controller_leaves_torch_to_the_workers_that_run_tests(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(TORCH_PROBE)
+    pytester.makepyfile(test_ranks=BODY)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=1)
+    seen = {path.name: path.read_text() for path in pytester.path.glob("torch-*.txt")}
+    assert seen == {"torch-controller.txt": "False", "torch-gw0.txt": "True", "torch-gw1.txt": "True"}

@@ -37,6 +37,17 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
+def has_children() -> bool:
+    """Whether this process has a child, running or ended and not reaped (one system call,
+    nothing reaped). A child subreaper with none has no descendants at all: its orphans
+    become its children."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def descendants_of(pid: int) -> list[int]:
     found: list[int] = []
     seen: set[int] = set()

@@ -160,6 +160,8 @@ def _kill_children() -> list[tuple[int, str]]:
     """Processes this rank started and left running: killed, and named for the report
     (those a library starts once per process, such as multiprocessing's resource tracker,
     only killed: they would have ended with the rank)."""
+    if not procs.has_children():  # the common case, without reading /proc for every thread
+        return []
     found = []
     for pid in procs.descendants_of(os.getpid()):
         if not procs.is_running(pid):

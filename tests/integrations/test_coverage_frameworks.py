@@ -5,10 +5,12 @@ ranks (the framework creates the group), measured with pytest-cov and nothing se
 from __future__ import annotations
 
 import pytest
+from lightning_steps import OPTIMIZER_AND_DATA
 
 pytest.importorskip("pytest_cov", reason="pytest-cov is installed with the test extras (ci/constraints.txt)")
 
-LIGHTNING_MODEL = """
+LIGHTNING_MODEL = (
+    """
 import torch
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, TensorDataset
@@ -28,14 +30,9 @@ class Model(pl.LightningModule):
     def training_step(self, batch, _):
         x, y = batch
         return torch.nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def train_dataloader(self):
-        x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
-        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
 """
+    + OPTIMIZER_AND_DATA
+)
 
 LIGHTNING_TEST = """
 import pytest

@@ -9,10 +9,12 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
+from lightning_steps import OPTIMIZER_AND_DATA
 
 pytest.importorskip("lightning")
 
-MODEL = """
+MODEL = (
+    """
 import os
 import pytest
 import torch
@@ -32,13 +34,9 @@ class Model(pl.LightningModule):
             raise RuntimeError(f"rank {self.global_rank} blew up")
         x, y = batch
         return torch.nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def train_dataloader(self):
-        x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
-        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+"""
+    + OPTIMIZER_AND_DATA
+    + """
 
 
 def fit(tmp_path, devices=2, strategy="ddp", **kwargs):
@@ -49,6 +47,7 @@ def fit(tmp_path, devices=2, strategy="ddp", **kwargs):
     trainer.fit(Model(fail_on_rank=int(os.environ.get("FAIL_ON_RANK", "-1"))))
     return trainer
 """
+)
 
 
 def test_special_test_with_lightnings_ddp_launcher(pytester, tmp_path) -> None:

@@ -75,7 +75,7 @@ class Coordinator:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         wait = timedelta(seconds=timeout)
-        with no_reverse_lookups():
+        with no_reverse_lookups(host):
             if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                 store = dist.TCPStore(host, port, world, False, wait)
             else:

@@ -10,6 +10,7 @@ as a client (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun). Gloo binds to
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import socket
 import sys
@@ -91,14 +92,19 @@ UNNAMED_PEER_WARNING = b"The hostname of the client socket cannot be retrieved"
 
 
 @contextlib.contextmanager
-def no_reverse_lookups() -> Iterator[None]:
+def no_reverse_lookups(host: str = LOOPBACK) -> Iterator[None]:
     """A TCPStore client names its connection with a reverse DNS lookup of the store's
     address as IPv6 (``::ffff:127.0.0.1``, which /etc/hosts does not list), only to log it.
     Where the DNS server drops the query, glibc waits at least 1 s (5 s, twice, by default):
     on this machine one connection in about sixty. While a store connects here the resolver
     sends no query at all (``attempts:0``: the name is then the address itself) and torch's
     warning about the unnamed peer is left out of stderr; anything else written to stderr
-    meanwhile is kept. The test's environment is left as it was."""
+    meanwhile is kept. The test's environment is left as it was. A store reached by name
+    (``host`` not an address: torchrun's MASTER_ADDR may be one) needs the resolver to find
+    it, and nothing changes."""
+    if not _is_address(host):
+        yield
+        return
     before = os.environ.get("RES_OPTIONS")
     os.environ["RES_OPTIONS"] = f"{before or ''} attempts:0".strip()
     with contextlib.suppress(ValueError, OSError):
@@ -116,6 +122,14 @@ def no_reverse_lookups() -> Iterator[None]:
         else:
             os.environ["RES_OPTIONS"] = before
         _replay_without(held, UNNAMED_PEER_WARNING)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _replay_without(fd: int, needle: bytes) -> None:

@@ -38,3 +38,14 @@ def test_a_store_connects_and_serves_with_nothing_on_stderr(capfd) -> None:
     assert server.get("key") == b"value"
     assert isinstance(server, dist.TCPStore)
     assert capfd.readouterr().err == ""
+
+
+def test_a_store_reached_by_name_keeps_the_resolver_it_needs(monkeypatch, capfd) -> None:
+    monkeypatch.delenv("RES_OPTIONS", raising=False)
+    with rendezvous.no_reverse_lookups("master-node.cluster"):
+        assert "RES_OPTIONS" not in os.environ
+        os.write(2, rendezvous.UNNAMED_PEER_WARNING + b"\n")
+    assert capfd.readouterr().err == rendezvous.UNNAMED_PEER_WARNING.decode() + "\n"
+    for address in ("10.1.2.3", "::1", "[::1]"):
+        with rendezvous.no_reverse_lookups(address):
+            assert os.environ["RES_OPTIONS"] == "attempts:0"

@@ -107,21 +107,35 @@ def no_reverse_lookups(host: str = LOOPBACK) -> Iterator[None]:
         return
     before = os.environ.get("RES_OPTIONS")
     os.environ["RES_OPTIONS"] = f"{before or ''} attempts:0".strip()
+    try:
+        with _stderr_without(UNNAMED_PEER_WARNING):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("RES_OPTIONS", None)
+        else:
+            os.environ["RES_OPTIONS"] = before
+
+
+@contextlib.contextmanager
+def _stderr_without(needle: bytes) -> Iterator[None]:
+    """What is written to descriptor 2 meanwhile reaches it afterwards, but for the lines
+    holding ``needle`` (nothing is held back where descriptor 2 is not open)."""
     with contextlib.suppress(ValueError, OSError):
         sys.stderr.flush()
-    held = os.memfd_create("ddphooks-store-stderr", os.MFD_CLOEXEC)
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    held = os.memfd_create("ddphooks-stderr", os.MFD_CLOEXEC)
     os.dup2(held, 2)
     try:
         yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-        if before is None:
-            os.environ.pop("RES_OPTIONS", None)
-        else:
-            os.environ["RES_OPTIONS"] = before
-        _replay_without(held, UNNAMED_PEER_WARNING)
+        _replay_without(held, needle)
 
 
 def _is_address(host: str) -> bool:

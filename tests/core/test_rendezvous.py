@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -49,3 +51,17 @@ def test_a_store_reached_by_name_keeps_the_resolver_it_needs(monkeypatch, capfd)
     for address in ("10.1.2.3", "::1", "[::1]"):
         with rendezvous.no_reverse_lookups(address):
             assert os.environ["RES_OPTIONS"] == "attempts:0"
+
+
+def test_without_a_descriptor_2_the_store_still_connects_without_dns() -> None:
+    code = (
+        "import os\n"
+        "from pytest_ddphooks.launch import rendezvous\n"
+        "os.close(2)\n"
+        "with rendezvous.no_reverse_lookups():\n"
+        "    print(os.environ['RES_OPTIONS'])\n"
+        "print('RES_OPTIONS' in os.environ)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RES_OPTIONS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert done.stdout.split() == ["attempts:0", "False"]

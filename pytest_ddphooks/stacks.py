@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from .launch import procs
+
 K = TypeVar("K")
 _THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
@@ -90,12 +92,14 @@ def dump_stacks(targets: Mapping[K, tuple[int, str]], wait: float = 1.0) -> dict
     steady: set[K] = set()
     while len(steady) < len(targets) and time.monotonic() < deadline:
         time.sleep(0.01)
-        for key, (_, path) in targets.items():
+        for key, (pid, path) in targets.items():
             try:
                 size = os.path.getsize(path)
             except OSError:
                 size = 0
-            if size and sizes.get(key) == size:
+            # a process that has ended writes nothing more: waiting for it would only hold
+            # up the report (a peer that left as the harness came to stop it)
+            if (size and sizes.get(key) == size) or not procs.is_running(pid):
                 steady.add(key)
             sizes[key] = size
     out = {}

@@ -12,6 +12,7 @@ import select
 import threading
 
 from .job import Job
+from .procs import retire
 
 # the pytest process's stdout, kept open by the fork server when the session prints live
 terminal_fd: int | None = None
@@ -21,7 +22,7 @@ class RankOutput:
     def __init__(self, job: Job, rank: int) -> None:
         self.job = job
         self.rank = rank
-        self.crash_fd = 2  # where a fatal error dump goes
+        self.crash_fd = 2  # where a fatal error dump goes (the rank's err file once started)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -30,6 +31,9 @@ class RankOutput:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
+        # a descriptor of its own: a dump reaches the file whatever 2 points at meanwhile (the
+        # run's store connecting holds 2 back for a moment, a test may redirect it)
+        self.crash_fd = os.dup(err)
         live = self._open_live()
         if live is None:
             os.dup2(out, 1)
@@ -37,7 +41,6 @@ class RankOutput:
             os.close(out)
             os.close(err)
             return
-        self.crash_fd = os.dup(err)
         pipes = {}
         for target, fd in ((out, 1), (err, 2)):
             read_end, write_end = os.pipe()
@@ -72,6 +75,13 @@ class RankOutput:
                 *lines, pending[fd] = (pending[fd] + chunk).split(b"\n")
                 if lines:
                     _write(live, b"".join(prefix + line + b"\n" for line in lines))
+
+    def leave(self) -> None:
+        """From here the rank only takes its leave: nothing it prints or dumps is the test's
+        output any more (where output is live, a dump still reaches the rank's file)."""
+        retire(1, 2)
+        if self._thread is None:
+            retire(self.crash_fd)
 
     def finish(self) -> None:
         """The body is over: let the copying thread write what is left."""

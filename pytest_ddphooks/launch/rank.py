@@ -346,7 +346,10 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
     result.write(job.path(rank, "result"))
     note(notes, rank, "done", result.outcome)
     # from here on the rank only takes its leave: nothing it prints is the test's output
-    procs.retire(1, 2)
+    if state.output is not None:
+        state.output.leave()
+    else:
+        procs.retire(1, 2)
     if result.measured is None:  # saved off the test's path: the session combines once every run ended
         coverage_relay.save(rank_cov)
     if state.store is not None:

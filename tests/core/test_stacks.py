@@ -1,0 +1,50 @@
+"""Asking processes for their stacks: the answer of the living, no wait for the departed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from pytest_ddphooks.launch import procs
+from pytest_ddphooks.stacks import dump_stacks
+
+ANSWERS = """
+import faulthandler, signal, sys, time
+stacks = open(sys.argv[1], "w")
+faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+print("ready", flush=True)
+def waiting_to_be_asked():
+    time.sleep(60)
+waiting_to_be_asked()
+"""
+
+
+def test_a_living_process_answers_with_its_stack(tmp_path) -> None:
+    path = tmp_path / "stacks"
+    child = subprocess.Popen([sys.executable, "-c", ANSWERS, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        stacks = dump_stacks({0: (child.pid, str(path))})[0]
+        assert "waiting_to_be_asked" in path.read_text()
+        assert stacks.threads
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_processes_that_ended_are_not_waited_for(tmp_path) -> None:
+    """Reaped or a zombie: either way it writes nothing more, and the report goes on at once
+    (a minute's patience here would be the old behaviour of waiting out the deadline)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    while procs.state_of(zombie.pid) not in ("Z", None):
+        os.sched_yield()
+    targets = {0: (gone.pid, str(tmp_path / "gone")), 1: (zombie.pid, str(tmp_path / "zombie"))}
+    began = time.monotonic()
+    out = dump_stacks(targets, wait=60.0)
+    assert time.monotonic() - began < 30.0
+    assert set(out) == {0, 1} and not out[0].threads and not out[1].threads
+    assert zombie.wait() == 0  # left for its parent to reap

@@ -93,6 +93,8 @@ def dump_stacks(targets: Mapping[K, tuple[int, str]], wait: float = 1.0) -> dict
     while len(steady) < len(targets) and time.monotonic() < deadline:
         time.sleep(0.01)
         for key, (pid, path) in targets.items():
+            if key in steady:
+                continue
             try:
                 size = os.path.getsize(path)
             except OSError:

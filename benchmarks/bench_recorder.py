@@ -501,9 +501,9 @@ def test_where(rank, recorder):
         setattr(dist, name, timed("outer", getattr(dist, name)))
     run_recorded = distpatch.run_recorded
 
-    def timed_run_recorded(rec, kind, name, call, run, after=None):
+    def timed_run_recorded(rec, kind, name, call, fn, args, kwargs, after=None):
         after = None if after is None else timed("after", after)
-        return run_recorded(rec, kind, name, call, timed("collective", run), after)
+        return run_recorded(rec, kind, name, call, timed("collective", fn), args, kwargs, after)
 
     distpatch.run_recorded = timed_run_recorded
     distpatch.describe_safely = timed("describe", distpatch.describe_safely)
@@ -511,6 +511,7 @@ def test_where(rank, recorder):
     for method in ("begin", "end", "counted"):
         setattr(recorder, method, timed(method, getattr(recorder, method)))
     recorder._file.write = timed("write", recorder._file.write)
+    recorder._file.write_compact = timed("write", recorder._file.write_compact)
     active.resume(log)
     on = steps({steps}, False)
     spans["own"] = [a - b for a, b in zip(spans["outer"], spans["collective"])]
@@ -532,7 +533,7 @@ WHERE_SPANS = {
     "counted": "rec.counted: the group's counter after the call",
     "after": "after(): what the call's return tells",
     "end": "rec.end: the end event (time, event file)",
-    "write": "event file write (marshal + mmap), inside begin / end",
+    "write": "event file write (compact, or marshal for an info that is not the call's usual), inside begin / end",
     "counter": "_counter: pg._get_sequence_number_for_group(), inside describe / run_recorded",
     "collective": "the collective itself, inside run_recorded (for scale)",
 }

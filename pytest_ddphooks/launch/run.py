@@ -29,7 +29,7 @@ from .. import coverage_relay
 from ..files import read_text
 from ..progress import RankProgress
 from ..recorder import events
-from ..recorder.events import read_new, read_raw
+from ..recorder.events import EventReader, read_raw
 from ..recorder.timeline import Timeline
 from ..report import RankExit, RankResult, RunReport, Stall
 from ..stacks import dump_stacks
@@ -66,7 +66,7 @@ class RunWatch:
         self.finished: dict[int, str] = {}  # rank -> its outcome, once its result is written
         self.over = False
         self._progress = RankProgress()
-        self._offsets = dict.fromkeys(range(job.world_size), 0)
+        self._readers = {r: EventReader(job.path(r, "events")) for r in range(job.world_size)}
         self._seen_desync: tuple[object, ...] | None = None
         self._stalled_since: float | None = None
         self._counts: dict[int, int] = {}
@@ -179,7 +179,7 @@ class RunWatch:
         self.over = True
 
     def _read(self, rank: int) -> None:
-        records, self._offsets[rank] = read_new(self.job.path(rank, "events"), self._offsets[rank])
+        records = self._readers[rank].read_new()
         self._progress.feed(rank, records)
 
     def _end_if_only_faults_remain(self) -> None:
@@ -201,7 +201,7 @@ class RunWatch:
 
     def _look(self, stall_only: bool = False) -> None:
         """Read what the ranks recorded since the last look; stop a desync or a stall."""
-        for r in self._offsets:
+        for r in self._readers:
             self._read(r)
         self._end_if_only_faults_remain()
         if self.over:

@@ -86,8 +86,24 @@ PAYLOAD_ARG: dict[str, str] = {
 _DTYPE_SHORT = {"torch.float32": "float32", "torch.float64": "float64", "torch.int64": "int64"}
 
 
+_described: dict[tuple[Any, Any], str] = {}
+
+
 def describe_tensor(value: Any) -> str:
     """``float32[4,2]`` for a tensor, ``[float32[4] x2]`` for a list of them."""
+    try:
+        key = (value.dtype, value.shape)
+        text = _described.get(key)
+    except (AttributeError, TypeError):  # not a tensor, or one whose dtype or shape cannot be a key
+        return _describe_other(value)
+    if text is None:
+        if len(_described) >= 4096:  # a model has a few dozen shapes; a bound for any other
+            _described.clear()
+        text = _described[key] = _describe_other(value)
+    return text
+
+
+def _describe_other(value: Any) -> str:
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     if shape is not None and dtype is not None:

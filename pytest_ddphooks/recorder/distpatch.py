@@ -39,7 +39,13 @@ from .log import EventLog, error_text
 _C10D = "torch.distributed.distributed_c10d"
 _FUNCOL = "torch.distributed._functional_collectives"
 _MARK = "__ddphooks_original__"
-_tls = threading.local()
+
+
+class _Depth(threading.local):
+    depth = 0  # 1 while a recorded call runs on this thread: what it calls is not recorded again
+
+
+_tls = _Depth()
 _OBJECT_OPS = {"all_gather_object", "gather_object", "scatter_object_list"}
 _REDUCING = {
     "all_reduce",
@@ -51,6 +57,9 @@ _REDUCING = {
     "_reduce_scatter_base",
 }
 _ranks_cache: dict[str, list[int]] = {}
+# set as distributed_c10d is patched: its registry of groups, and its non-member marker
+_c10d_world: Any = None
+_NON_GROUP_MEMBER: Any = object()
 
 
 def install() -> None:
@@ -125,7 +134,7 @@ def _process_group(group: Any) -> Any:
 def _counter(pg: Any) -> int | None:
     """The group's own sequence counter; None where the backend does not keep one."""
     try:
-        return int(pg._get_sequence_number_for_group())
+        return pg._get_sequence_number_for_group()  # type: ignore[no-any-return]
     except Exception:
         return None
 
@@ -164,39 +173,73 @@ def _reduce_op_name(reduce_op: Any) -> str:
 
 
 class Call:
-    """One recorded collective or send/recv: its start event's info and its group."""
+    """One recorded collective or send/recv: its start event's info and its group; ``static``,
+    when the info is that never-changing dict plus its ``seq`` (the event file writes it compact)."""
 
-    __slots__ = ("counter", "info", "p2p", "pg")
+    __slots__ = ("counter", "info", "numbered", "p2p", "pg", "static")
 
     def __init__(self, info: dict[str, Any], pg: Any = None, counter: int | None = None, p2p: bool = False) -> None:
         self.info, self.pg, self.counter, self.p2p = info, pg, counter, p2p
+        self.static: dict[str, Any] | None = None
+        self.numbered: tuple[str, ...] = ()
 
 
-def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: bool) -> tuple[Call, str] | Call:
+def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: bool) -> tuple[Call, str | None]:
     """The part of a call's description every API shares; a bare call when it reaches no group."""
-    dist = _dist()
-    world = dist.GroupMember.WORLD  # the default group; None before it exists
-    existed = world is not None
-    info: dict[str, Any] = {"op": op, "group_existed": existed}
+    world = _default_group()  # None before it exists
+    if world is None or group is _NON_GROUP_MEMBER:
+        return _bare(op, api, world), None
+    pg = world if group is None else group
+    key, info = _group_info(rec, pg, world, op, api, async_op)
+    return Call(info, pg, _counter(pg)), key
+
+
+def _group_info(
+    rec: EventLog, pg: Any, world: Any, op: str, api: str | None, async_op: bool
+) -> tuple[str, dict[str, Any]]:
+    """The group's key, and the start of a call's info on it."""
+    _, key, field, value = _known_group(rec, pg, world)
+    info: dict[str, Any] = {"op": op, "group_existed": True}
     if api is not None:
         info["api"] = api
-    if not existed or group is dist.GroupMember.NON_GROUP_MEMBER:
-        info["effective"] = False
-        if existed:
-            info["member"] = False
-        return Call(info), None
-    pg = world if group is None else group
-    if pg is world:
-        key = rec.group_key("default")
-        info["group"] = key
-        info["group_size"] = int(world.size())
-    else:
-        key = rec.group_key(_group_name(group, world))
-        info["group"] = key
-        info["ranks"] = _group_ranks(group, key)
+    info["group"] = key
+    info[field] = value
     if async_op:
         info["async"] = True
-    return Call(info, pg, _counter(pg)), key
+    return key, info
+
+
+def _bare(op: str, api: str | None, world: Any) -> Call:
+    """A call that reaches no group: before the default group exists, or on a rank outside it."""
+    info: dict[str, Any] = {"op": op, "group_existed": world is not None}
+    if api is not None:
+        info["api"] = api
+    info["effective"] = False
+    if world is not None:
+        info["member"] = False
+    return Call(info)
+
+
+def _known_group(rec: EventLog, pg: Any, world: Any) -> tuple[Any, str, str, Any]:
+    """(the group, its key, and its size for the default group or its global ranks): what a
+    group is never changes while it lives, so it is worked out once."""
+    known = rec.described_groups.get(id(pg))
+    if known is None or known[0] is not pg:
+        if pg is world:
+            known = (pg, rec.group_key("default"), "group_size", int(world.size()))
+        else:
+            key = rec.group_key(_group_name(pg, world))
+            known = (pg, key, "ranks", _group_ranks(pg, key))
+        rec.described_groups[id(pg)] = known
+    return known
+
+
+def _default_group() -> Any:
+    """``GroupMember.WORLD``, read without the two properties in front of it."""
+    try:
+        return _c10d_world._default_pg
+    except AttributeError:
+        return _dist().GroupMember.WORLD
 
 
 def describe_collective(
@@ -210,25 +253,63 @@ def describe_collective(
     root: int | None = None,
     reduce_op: Any = None,
 ) -> Call:
-    call, key = _on_group(rec, op, group, api, async_op)
-    if key is None:
-        return call
-    info = call.info
+    world = _default_group()
+    if world is None or group is _NON_GROUP_MEMBER:
+        return _bare(op, api, world)
+    pg = world if group is None else group
+    # the same call again (a training loop's): only its place in the group's sequence is new
+    cache = rec.described_calls
+    shape = (op, id(pg), api, async_op, payload, root, reduce_op if op in _REDUCING else None)
+    try:
+        known = cache.get(shape)
+    except TypeError:  # a reduce op that cannot be a key (a premultiplied sum): described every time
+        known = shape = None
+    if known is None or known[0] is not pg:
+        known = _static_info(rec, pg, world, op, api, async_op, payload, root, reduce_op)
+        if shape is not None:
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[shape] = known
+    _, key, static = known
+    call = Call(static, pg, _counter(pg))
     if op == "monitored_barrier":
         # made of sends and receives (rank 0 with every other): its own count pairs it
         call.p2p = True
-        info["seq"] = rec.next_seq(("monitored", key))
+        seq, unseen = rec.next_seq(("monitored", key)), 0
     else:
-        info["seq"], unseen = rec.collective_seq(key, call.counter)
-        if unseen:
-            info["unseen"] = unseen
+        seq, unseen = rec.collective_seq(key, call.counter)
+    call.info = {**static, "seq": seq}
+    if unseen:
+        call.info["unseen"] = unseen
+    else:
+        call.static, call.numbered = static, _SEQ
+    return call
+
+
+_SEQ = ("seq",)
+_WAITED = ("seq", "of")
+
+
+def _static_info(
+    rec: EventLog,
+    pg: Any,
+    world: Any,
+    op: str,
+    api: str | None,
+    async_op: bool,
+    payload: str | None,
+    root: int | None,
+    reduce_op: Any,
+) -> tuple[Any, str, dict[str, Any]]:
+    """What every call like this one says at its start, but its seq."""
+    key, info = _group_info(rec, pg, world, op, api, async_op)
     if payload is not None:
         info["payload"] = payload
     if root is not None:
         info["root"] = root
     if op in _REDUCING:
         info["reduce_op"] = _reduce_op_name(reduce_op)
-    return call
+    return pg, key, info
 
 
 def _point_to_point(
@@ -272,17 +353,20 @@ def run_recorded(
     kind: str,
     name: str,
     call: Call,
-    run: Callable[[], Any],
-    after: Callable[[Any], dict[str, Any] | None] | None = None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    after: Callable[[EventLog, Call, Any], dict[str, Any] | None] | None = None,
 ) -> Any:
-    """Run a call recorded: its start, then its end (or the error it raised), the group's
-    counter read around it; an asynchronous call's work is kept to record its wait."""
+    """Run ``fn(*args, **kwargs)`` recorded: its start, then its end (or the error it raised),
+    the group's counter read around it; an asynchronous call's work is kept to record its
+    wait. ``after(rec, call, result)`` adds what the return tells to the end event."""
     __tracebackhide__ = True
     info = call.info
-    call_id = rec.begin(kind, name, info)
+    call_id = rec.begin(kind, name, info, call.static, call.numbered)
     _tls.depth = 1
     try:
-        result = run()
+        result = fn(*args, **kwargs)
     except BaseException as exc:
         _tls.depth = 0
         failed: dict[str, Any] = {"error": error_text(exc)}
@@ -292,18 +376,24 @@ def run_recorded(
         rec.end(call_id, kind, name, failed)
         raise
     _tls.depth = 0
-    out: dict[str, Any] = {"async": True} if info.get("async") else {}
+    out: dict[str, Any] | None = None
     try:
-        if call.pg is not None:
-            rec.counted(info["group"], call.counter, _counter(call.pg), call.p2p)
+        pg = call.pg
+        if pg is not None:
+            rec.counted(info["group"], call.counter, _counter(pg), call.p2p)
         if after is not None:
-            out.update(after(result) or {})
-        if info.get("async") and "group" in info and result is not None:
-            rec.awaiting(_awaitable(result), call_id, name, info)
+            out = after(rec, call, result)
+        if "async" in info:
+            out = _ASYNC_END if not out else {"async": True, **out}
+            if pg is not None and result is not None:
+                rec.awaiting(_awaitable(result), call_id, name, info, call.static)
     except Exception as exc:  # the recorder must never be why a call fails
-        out["recorder_error"] = error_text(exc)
-    rec.end(call_id, kind, name, out or None)
+        out = {**(out or {}), "recorder_error": error_text(exc)}
+    rec.end(call_id, kind, name, out or None, _ASYNC_END if out is _ASYNC_END else None)
     return result
+
+
+_ASYNC_END: dict[str, Any] = {"async": True}  # the end of every asynchronous call that went well
 
 
 def _awaitable(result: Any) -> Any:
@@ -312,17 +402,10 @@ def _awaitable(result: Any) -> Any:
     return getattr(result, "elem", result)
 
 
-def recording() -> EventLog | None:
-    rec = active._current
-    if rec is None or getattr(_tls, "depth", 0):
-        return None
-    return rec
-
-
-def describe_safely(describe: Callable[[], Call], op: str) -> Call:
-    # a call the recorder cannot describe is recorded bare, never failed
+def describe_safely(op: str, describe: Callable[..., Call], *args: Any) -> Call:
+    """``describe(*args)``; a call the recorder cannot describe is recorded bare, never failed."""
     try:
-        return describe()
+        return describe(*args)
     except Exception as exc:
         return Call({"op": op, "recorder_error": error_text(exc)})
 
@@ -331,6 +414,9 @@ def describe_safely(describe: Callable[[], Call], op: str) -> Call:
 
 
 def _patch_functions(c10d: types.ModuleType) -> None:
+    global _c10d_world, _NON_GROUP_MEMBER
+    _c10d_world = getattr(c10d, "_world", None)
+    _NON_GROUP_MEMBER = c10d.GroupMember.NON_GROUP_MEMBER
     public = sys.modules.get("torch.distributed")
     for op in OPS:
         original = getattr(c10d, op, None)
@@ -389,7 +475,7 @@ def _describe_function_call(rec: EventLog, op: str, bound: dict[str, Any]) -> Ca
     return describe_collective(rec, op, group, async_op=async_op, payload=payload, root=root, reduce_op=bound.get("op"))
 
 
-def _after_function_call(rec: EventLog, op: str, call: Call, result: Any) -> dict[str, Any] | None:
+def _after_function_call(op: str, rec: EventLog, call: Call, result: Any) -> dict[str, Any] | None:
     """What a function's return tells: the group it created, who sent what was received."""
     dist = _dist()
     if op == "init_process_group":
@@ -420,26 +506,21 @@ def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
     kind = OPS[op][0]
     name = "dist." + op
+    # a collective's return tells nothing more (its Work is kept by run_recorded)
+    after = None if kind == events.COLLECTIVE else functools.partial(_after_function_call, op)
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = recording()
-        if rec is None:
+        rec = active._current
+        if rec is None or _tls.depth:
             return original(*args, **kwargs)
         bound = dict(defaults)
         bound.update(zip(params, args, strict=False))
         if kwargs:
             bound.update(kwargs)
-        call = describe_safely(lambda: _describe_function_call(rec, op, bound), op)
-        return run_recorded(
-            rec,
-            kind,
-            name,
-            call,
-            functools.partial(original, *args, **kwargs),
-            lambda result: _after_function_call(rec, op, call, result),
-        )
+        call = describe_safely(op, _describe_function_call, rec, op, bound)
+        return run_recorded(rec, kind, name, call, original, args, kwargs, after)
 
     setattr(wrapper, _MARK, original)
     return wrapper
@@ -560,50 +641,45 @@ def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[.
     api = "ProcessGroup." + method
     blocking = op == "monitored_barrier"  # it returns when done; the others return a Work
 
+    def build(rec: EventLog, pg: Any, args: tuple[Any, ...]) -> Call:
+        payload, root, reduce_op = describe(pg, args)
+        return describe_collective(
+            rec, op, pg, api=api, async_op=not blocking, payload=payload, root=root, reduce_op=reduce_op
+        )
+
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = recording()
-        if rec is None:
+        rec = active._current
+        if rec is None or _tls.depth:
             return original(self, *args, **kwargs)
-
-        def build() -> Call:
-            payload, root, reduce_op = describe(self, args)
-            return describe_collective(
-                rec, op, self, api=api, async_op=not blocking, payload=payload, root=root, reduce_op=reduce_op
-            )
-
-        call = describe_safely(build, op)
-        return run_recorded(rec, events.COLLECTIVE, name, call, functools.partial(original, self, *args, **kwargs))
+        call = describe_safely(op, build, rec, self, args)
+        return run_recorded(rec, events.COLLECTIVE, name, call, original, (self, *args), kwargs)
 
     functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wrapper, _MARK, original)
     return wrapper
 
 
+def _after_p2p_method(rec: EventLog, call: Call, result: Any) -> dict[str, Any]:
+    return _received(rec, call, call.info.get("src"))
+
+
 def _wrap_p2p_method(method: str, op: str, sync: str, original: Callable[..., Any]) -> Callable[..., Any]:
     name = "dist." + op
     api = "ProcessGroup." + method
 
+    def build(rec: EventLog, pg: Any, tensors: Any, peer: int, tag: int) -> Call:
+        peer_global = _global(pg, None, int(peer))
+        return _point_to_point(rec, op, pg, sync, peer_global, int(tag), one_tensor(tensors), api=api, async_op=True)
+
     def wrapper(self: Any, tensors: Any, peer: int, tag: int = 0, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = recording()
-        if rec is None:
+        rec = active._current
+        if rec is None or _tls.depth:
             return original(self, tensors, peer, tag, *args, **kwargs)
-
-        def build() -> Call:
-            peer_global = _global(self, None, int(peer))
-            return _point_to_point(
-                rec, op, self, sync, peer_global, int(tag), one_tensor(tensors), api=api, async_op=True
-            )
-
-        call = describe_safely(build, op)
+        call = describe_safely(op, build, rec, self, tensors, peer, tag)
         return run_recorded(
-            rec,
-            events.P2P,
-            name,
-            call,
-            functools.partial(original, self, tensors, peer, tag, *args, **kwargs),
-            lambda _: _received(rec, call, call.info.get("src")),
+            rec, events.P2P, name, call, original, (self, tensors, peer, tag, *args), kwargs, _after_p2p_method
         )
 
     functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"))
@@ -619,22 +695,41 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
 
     def wait(awaited: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = recording()
-        pending = rec.waited(key(awaited)) if rec is not None else None
-        if rec is None or pending is None:
+        rec = active._current
+        pending = rec.waited(key(awaited)) if rec is not None and not _tls.depth else None
+        if pending is None:
             return original(awaited, *args, **kwargs)
-        _, of, name, issued = pending
-        info = {k: issued[k] for k in ("op", "group", "ranks", "seq", "sync", "src", "dst", "tag") if k in issued}
-        info["of"] = of
-        if future:
-            info["future"] = True
-        return run_recorded(
-            rec, events.WAIT, name + suffix, Call(info), functools.partial(original, awaited, *args, **kwargs)
-        )
+        _, of, name, issued, static = pending
+        if static is None:
+            call = Call(_wait_info(issued, future))
+            call.info["of"] = of
+        else:  # a collective issued in its usual form: so is its wait
+            call = Call(_static_wait_info(rec, static, future))
+            call.static, call.numbered = call.info, _WAITED
+            call.info = {**call.static, "seq": issued["seq"], "of": of}
+        return run_recorded(rec, events.WAIT, name + suffix, call, original, (awaited, *args), kwargs)
 
     functools.update_wrapper(wait, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wait, _MARK, original)
     return wait
+
+
+def _wait_info(issued: dict[str, Any], future: bool) -> dict[str, Any]:
+    """What the wait of a call says of it: which call on which group (or between whom)."""
+    info = {k: issued[k] for k in ("op", "group", "ranks", "seq", "sync", "src", "dst", "tag") if k in issued}
+    if future:
+        info["future"] = True
+    return info
+
+
+def _static_wait_info(rec: EventLog, static: dict[str, Any], future: bool) -> dict[str, Any]:
+    """``_wait_info`` of a call whose info is ``static`` plus its seq, less the seq: kept."""
+    cache = rec.described_calls
+    known = cache.get(("wait", id(static), future))
+    if known is None or known[0] is not static:
+        info = _wait_info(static, future)
+        known = cache[("wait", id(static), future)] = (static, info)
+    return known[1]  # type: ignore[no-any-return]
 
 
 # -- functional collectives (DTensor's) ------------------------------------------------------
@@ -676,33 +771,32 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
     api = "functional." + function
     params = tuple(inspect.signature(original).parameters)
 
+    def build(rec: EventLog, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+        bound = dict(zip(params, args, strict=False))
+        bound.update(kwargs)
+        resolve = sys.modules["torch._C._distributed_c10d"]._resolve_process_group
+        pg = resolve(funcol._resolve_group_name(bound.get("group"), bound.get("tag", "")))
+        group = None if pg is _default_group() else pg
+        root = bound.get("src")
+        payload = bound.get("self", bound.get("inputs"))
+        return describe_collective(
+            rec,
+            op,
+            group,
+            api=api,
+            async_op=True,
+            payload=_tensors(payload),
+            root=None if root is None else _global(group, None, int(root)),
+            reduce_op=bound.get("reduceOp"),
+        )
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        rec = recording()
-        if rec is None:
+        rec = active._current
+        if rec is None or _tls.depth:
             return original(*args, **kwargs)
-
-        def build() -> Call:
-            bound = dict(zip(params, args, strict=False))
-            bound.update(kwargs)
-            resolve = sys.modules["torch._C._distributed_c10d"]._resolve_process_group
-            pg = resolve(funcol._resolve_group_name(bound.get("group"), bound.get("tag", "")))
-            group = None if pg is _dist().GroupMember.WORLD else pg
-            root = bound.get("src")
-            payload = bound.get("self", bound.get("inputs"))
-            return describe_collective(
-                rec,
-                op,
-                group,
-                api=api,
-                async_op=True,
-                payload=_tensors(payload),
-                root=None if root is None else _global(group, None, int(root)),
-                reduce_op=bound.get("reduceOp"),
-            )
-
-        call = describe_safely(build, op)
-        return run_recorded(rec, events.COLLECTIVE, name, call, functools.partial(original, *args, **kwargs))
+        call = describe_safely(op, build, rec, args, kwargs)
+        return run_recorded(rec, events.COLLECTIVE, name, call, original, args, kwargs)
 
     functools.update_wrapper(wrapper, original)
     setattr(wrapper, _MARK, original)

@@ -31,6 +31,7 @@ ARMED = "armed"  # a fault armed on this rank (``faults``)
 FIRED = "fired"  # an armed fault acted, right after the event it acts at
 HELD = "held"  # a schedule held the rank back at a point (``--ddp-explore``)
 WATCH_ONLY = (EXCHANGE, COUNTERS, ARMED, FIRED, HELD)
+TEMPLATE = "template"  # in the event file only: what the compact records after it stand for
 
 # Phases.
 START = "start"
@@ -41,7 +42,17 @@ POINT = "point"
 RawEvent = tuple[int, int, int, str, str, str, "dict[str, Any] | None"]
 
 _LENGTH = struct.Struct("<I")
+_pack_length = _LENGTH.pack
+_dumps = marshal.dumps
 _CHUNK = 1 << 20
+# A compact record: call id, time, lane, template, and the two numbers that change from call
+# to call of the same kind (a collective's seq; a wait's seq and the call it completes). Its
+# length word has the top bit set.
+_COMPACT = struct.Struct("<QqIIqq")
+_COMPACT_TAG = 0x80000000 | _COMPACT.size
+_pack_compact = _COMPACT.pack_into
+_pack_tag = _LENGTH.pack_into
+_MARSHALLED = 0x7FFFFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +79,11 @@ class EventFile:
 
     A record is a 4-byte length then a marshal payload; the length is written last, so a
     rank killed mid-write leaves a zero length that the reader takes as the end.
+
+    Most records of a test repeat: the end of a call, the start of the same collective on the
+    same group and tensor shape. ``write_compact`` writes those as a template once (a marshal
+    record the reader keeps) and then 44 bytes each, packed in place: the cost of recording a
+    collective is mostly this write.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -76,6 +92,8 @@ class EventFile:
         self._size = 0
         self._map: mmap.mmap | None = None
         self._pos = 0
+        # (kind, phase, name, id(static info), numbered) -> template number, and the info kept alive
+        self._templates: dict[tuple[str, str, str, int, tuple[str, ...]], tuple[int, Any]] = {}
         self._grow(_CHUNK)
 
     def _grow(self, at_least: int) -> None:
@@ -89,16 +107,41 @@ class EventFile:
         self._size = size
 
     def write(self, record: RawEvent) -> None:
-        payload = marshal.dumps(record)
+        payload = _dumps(record)
         n = len(payload)
         pos = self._pos
-        if pos + n + 8 > self._size:
+        end = pos + 4 + n
+        if end + 4 > self._size:
             self._grow(n + 8)
         mapping = self._map
         assert mapping is not None
-        mapping[pos + 4 : pos + 4 + n] = payload
-        mapping[pos : pos + 4] = _LENGTH.pack(n)
-        self._pos = pos + 4 + n
+        mapping[pos + 4 : end] = payload
+        mapping[pos : pos + 4] = _pack_length(n)
+        self._pos = end
+
+    def write_compact(self, record: RawEvent, static: dict[str, Any] | None, numbered: tuple[str, ...] = ()) -> None:
+        """Write ``record``, whose info is ``static`` (a dict that never changes, or None) plus
+        the integers named in ``numbered`` (at most two)."""
+        call_id, t_ns, lane, kind, phase, name, info = record
+        key = (kind, phase, name, id(static), numbered)
+        known = self._templates.get(key)
+        if known is None:
+            known = self._templates[key] = (len(self._templates) + 1, static)
+            details = {"kind": kind, "info": static, "numbered": list(numbered)}
+            self.write((known[0], 0, 0, TEMPLATE, phase, name, details))
+        first = second = 0
+        if numbered:
+            assert info is not None
+            first = info[numbered[0]]
+            if len(numbered) > 1:
+                second = info[numbered[1]]
+        pos = self._pos
+        if pos + 4 + _COMPACT.size + 4 > self._size:
+            self._grow(_COMPACT.size + 8)
+        mapping = self._map
+        _pack_compact(mapping, pos + 4, call_id, t_ns, lane, known[0], first, second)
+        _pack_tag(mapping, pos, _COMPACT_TAG)
+        self._pos = pos + 4 + _COMPACT.size
 
     def close(self) -> None:
         if self._map is not None:
@@ -111,33 +154,64 @@ class EventFile:
 
 def read_raw(path: str | os.PathLike[str]) -> Iterator[RawEvent]:
     """Yield the complete records of an event file; a torn or missing tail is ignored."""
-    yield from read_new(path, 0)[0]
+    yield from EventReader(path).read_new()
 
 
-def read_new(path: str | os.PathLike[str], offset: int) -> tuple[list[RawEvent], int]:
-    """The complete records from byte ``offset`` on, and the offset after the last of them:
-    a reader that follows a live file reads each record once."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    out: list[RawEvent] = []
-    pos, end = 0, len(data)
-    while pos + 4 <= end:
-        (n,) = _LENGTH.unpack_from(data, pos)
-        if n == 0 or pos + 4 + n > end:
-            break
+class EventReader:
+    """Reads an event file as it grows: each call returns the complete records written since
+    the last one (a reader that follows a live file reads each record once)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+        self.offset = 0
+        self._templates: dict[int, tuple[str, str, str, dict[str, Any] | None, list[str]]] = {}
+
+    def read_new(self) -> list[RawEvent]:
         try:
-            record = marshal.loads(data[pos + 4 : pos + 4 + n])
-        except (EOFError, ValueError, TypeError):
-            break
-        if not _well_formed(record):
-            break  # a torn length can frame a prefix that unmarshals: it is not a record
-        out.append(record)
-        pos += 4 + n
-    return out, offset + pos
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        out: list[RawEvent] = []
+        pos, end = 0, len(data)
+        templates = self._templates
+        while pos + 4 <= end:
+            (n,) = _LENGTH.unpack_from(data, pos)
+            if n == 0:
+                break
+            if n == _COMPACT_TAG:
+                if pos + 4 + _COMPACT.size > end:
+                    break
+                call_id, t_ns, lane, template, first, second = _COMPACT.unpack_from(data, pos + 4)
+                known = templates.get(template)
+                if known is None:
+                    break  # a torn length word: not a record
+                kind, phase, name, static, numbered = known
+                info = dict(static) if static is not None else None
+                if numbered:
+                    info = {**(static or {}), **dict(zip(numbered, (first, second), strict=False))}
+                out.append((call_id, t_ns, lane, kind, phase, name, info))
+                pos += 4 + _COMPACT.size
+                continue
+            if n > _MARSHALLED or pos + 4 + n > end:
+                break
+            try:
+                record = marshal.loads(data[pos + 4 : pos + 4 + n])
+            except (EOFError, ValueError, TypeError):
+                break
+            if not _well_formed(record):
+                break  # a torn length can frame a prefix that unmarshals: it is not a record
+            if record[3] == TEMPLATE:
+                details = record[6] or {}
+                if not {"kind", "info", "numbered"} <= details.keys():
+                    break
+                templates[record[0]] = (details["kind"], record[4], record[5], details["info"], details["numbered"])
+            else:
+                out.append(record)
+            pos += 4 + n
+        self.offset += pos
+        return out
 
 
 def _well_formed(record: Any) -> bool:

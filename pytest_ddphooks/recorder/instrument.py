@@ -55,9 +55,11 @@ def _function_of(target: Any, name: str) -> tuple[Any, Callable[..., Any]]:
 def _recording_call(log: EventLog, kind: str, event_name: str, qualname: str) -> _Call:
     """Calls the function between a start and an end event."""
 
+    static = {"qualname": qualname}  # the same for every call: the event file writes it compact
+
     def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
-        call_id = log.begin(kind, event_name, {"qualname": qualname})
+        call_id = log.begin(kind, event_name, static, static)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
@@ -72,9 +74,11 @@ def _recording_call(log: EventLog, kind: str, event_name: str, qualname: str) ->
 def _recording_acall(log: EventLog, kind: str, event_name: str, qualname: str) -> _Call:
     """The same for a coroutine function: the events span the awaited call."""
 
+    static = {"qualname": qualname}
+
     async def acall(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
-        call_id = log.begin(kind, event_name, {"qualname": qualname})
+        call_id = log.begin(kind, event_name, static, static)
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:

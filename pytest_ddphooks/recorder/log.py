@@ -13,7 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from . import events
-from .events import EventFile, RawEvent
+from .events import END, START, EventFile, RawEvent
+
+get_ident = threading.get_ident
+time_ns = time.time_ns
 
 _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
 
@@ -53,13 +56,16 @@ class EventLog:
         self._p2p: dict[tuple[Any, ...], int] = {}
         self._counters: dict[str, _GroupCounter] = {}
         self._groups: dict[str, Any] = {}  # group key -> its ProcessGroup, to read its counter at the end
+        # id(ProcessGroup) -> what the calls on it say of it (``distpatch``); forgotten with the groups
+        self.described_groups: dict[int, tuple[Any, ...]] = {}
+        self.described_calls: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # the same, of calls
         self._group_ranks: dict[str, list[int]] = {}  # group key -> its global ranks, of every incarnation
         self._offset_changes: dict[str, list[tuple[int, int]]] = {}  # group -> (counter after a p2p call, offset)
         self._gaps: dict[str, list[tuple[int, int]]] = {}  # group -> counter values of calls it did not see
         self._incarnation_starts: list[int] = []  # when each incarnation after the first began (time_ns)
         self.born_ns = time.time_ns()  # what native code issued before this log existed is not its own
         self._incarnation = 1  # of the groups: destroy_process_group ends one
-        self._pending: dict[int, tuple[Any, int, str, dict[str, Any]]] = {}  # id(work) -> what it completes
+        self._pending: dict[int, tuple[Any, int, str, dict[str, Any], Any]] = {}  # id(work) -> what it completes
         # called with (kind, phase, name, call id) after each event is written: armed faults,
         # a schedule's holds (``add_trigger``)
         self.trigger: Callable[[str, str, str, int], None] | None = None
@@ -109,24 +115,57 @@ class EventLog:
         faults it armed, the one that fired)."""
         self._write_file_only(kind, events.POINT, kind, info)
 
-    def _emit(self, kind: str, phase: str, name: str, info: dict[str, Any] | None, call_id: int) -> int:
-        lane = self._lanes.get(threading.get_ident())
+    def _emit(
+        self,
+        kind: str,
+        phase: str,
+        name: str,
+        info: dict[str, Any] | None,
+        call_id: int,
+        static: dict[str, Any] | None = None,
+        numbered: tuple[str, ...] = (),
+    ) -> None:
+        """Record an event. With ``static``, ``info`` is that never-changing dict plus the
+        integers named in ``numbered``: the event file writes it compact."""
+        # every recorded call passes here twice: kept to a few dictionary look-ups and one write
+        lane = self._lanes.get(get_ident())
         if lane is None:
-            lane = self._lane_of(threading.get_ident())
-        if phase == events.START and kind in _SYNC_KINDS and (info is None or info.get("effective", True)):
+            lane = self._lane_of(get_ident())
+        if phase == START and kind in _SYNC_KINDS and (info is None or info.get("effective", True)):
             self._issued[lane] = self._issued.get(lane, 0) + 1
-        self._write((call_id, time.time_ns(), lane, kind, phase, name, info))
+        record = (call_id, time_ns(), lane, kind, phase, name, info)
+        self._raw.append(record)
+        file = self._file
+        if file is not None:
+            with self._lock:
+                if info is None or static is not None:
+                    file.write_compact(record, static, numbered)
+                else:
+                    file.write(record)
         if self.trigger is not None:
             self.trigger(kind, phase, name, call_id)
-        return lane
 
-    def begin(self, kind: str, name: str, info: dict[str, Any] | None = None) -> int:
+    def begin(
+        self,
+        kind: str,
+        name: str,
+        info: dict[str, Any] | None = None,
+        static: dict[str, Any] | None = None,
+        numbered: tuple[str, ...] = (),
+    ) -> int:
         call_id = next(self._ids)
-        self._emit(kind, events.START, name, info, call_id)
+        self._emit(kind, START, name, info, call_id, static, numbered)
         return call_id
 
-    def end(self, call_id: int, kind: str, name: str, info: dict[str, Any] | None = None) -> None:
-        self._emit(kind, events.END, name, info, call_id)
+    def end(
+        self,
+        call_id: int,
+        kind: str,
+        name: str,
+        info: dict[str, Any] | None = None,
+        static: dict[str, Any] | None = None,
+    ) -> None:
+        self._emit(kind, END, name, info, call_id, static)
 
     def mark(self, name: str, **info: Any) -> None:
         """Record a point event ``name`` with optional details."""
@@ -153,6 +192,8 @@ class EventLog:
         self._incarnation_starts.append(time.time_ns())
         self._counters.clear()
         self._groups.clear()
+        self.described_groups.clear()
+        self.described_calls.clear()
 
     def _counter_of(self, group: str) -> _GroupCounter:
         state = self._counters.get(group)
@@ -218,16 +259,19 @@ class EventLog:
             state.offset += after - before
             self._offset_changes.setdefault(group, []).append((after, state.offset))
 
-    def awaiting(self, work: Any, call_id: int, name: str, info: dict[str, Any]) -> None:
-        """An asynchronous call returned ``work``: its wait is where it completes."""
-        self._pending[id(work)] = (work, call_id, name, info)
+    def awaiting(
+        self, work: Any, call_id: int, name: str, info: dict[str, Any], static: dict[str, Any] | None = None
+    ) -> None:
+        """An asynchronous call returned ``work``: its wait is where it completes. ``static``:
+        the never-changing part of ``info``, if it has one."""
+        self._pending[id(work)] = (work, call_id, name, info, static)
 
-    def waited(self, work: Any) -> tuple[Any, int, str, dict[str, Any]] | None:
+    def waited(self, work: Any) -> tuple[Any, int, str, dict[str, Any], dict[str, Any] | None] | None:
         return self._pending.pop(id(work), None)
 
     def never_waited(self) -> list[tuple[int, str, dict[str, Any]]]:
         """Asynchronous calls whose work nobody waited for (yet)."""
-        return [(call_id, name, info) for _, call_id, name, info in self._pending.values()]
+        return [(call_id, name, info) for _, call_id, name, info, _ in self._pending.values()]
 
     # -- what native code issued (``native.NativeCalls``) ----------------------------------
 

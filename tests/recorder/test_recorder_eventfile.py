@@ -131,3 +131,136 @@ def rec_main_name() -> str:
     import threading
 
     return threading.main_thread().name
+
+
+# -- compact records: the usual start and end of a call, written as a template and 44 bytes --
+
+STATIC = {"op": "all_reduce", "group": "default", "group_size": 2, "payload": "float32[4]"}
+
+
+def compact_calls(n: int) -> list[events.RawEvent]:
+    """n collectives (start: STATIC plus its seq; end: no info) and their waits (two numbers)."""
+    out: list[events.RawEvent] = []
+    for i in range(1, n + 1):
+        out.append((3 * i, 10 * i, 0, events.COLLECTIVE, events.START, "dist.all_reduce", {**STATIC, "seq": i}))
+        out.append((3 * i, 10 * i + 1, 0, events.COLLECTIVE, events.END, "dist.all_reduce", None))
+        out.append(
+            (
+                3 * i + 1,
+                10 * i + 2,
+                1,
+                events.WAIT,
+                events.START,
+                "dist.all_reduce.wait",
+                {**STATIC, "seq": i, "of": 3 * i},
+            )
+        )
+    return out
+
+
+def write_compact_calls(f: EventFile, records: list[events.RawEvent]) -> None:
+    for r in records:
+        info = r[6]
+        if info is None:
+            f.write_compact(r, None)
+        elif "of" in info:
+            f.write_compact(r, STATIC, ("seq", "of"))
+        else:
+            f.write_compact(r, STATIC, ("seq",))
+
+
+def test_compact_records_read_back_as_the_records_written(tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    f = EventFile(path)
+    expected = compact_calls(50)
+    f.write(record(0))  # marshalled records and compact ones interleave
+    write_compact_calls(f, expected)
+    f.write(record(1))
+    assert list(read_raw(path)) == [record(0), *expected, record(1)]
+    # once the templates are written, a record is 44 bytes: a third of the marshalled start
+    before = f._pos
+    write_compact_calls(f, expected)
+    assert f._pos - before == 44 * len(expected)
+    assert 4 + len(marshal.dumps(expected[0])) > 44 * 3
+    f.close()
+
+
+def test_a_reader_that_follows_the_file_knows_the_templates_of_earlier_reads(tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    f = EventFile(path)
+    reader = events.EventReader(path)
+    calls = compact_calls(20)
+    write_compact_calls(f, calls[:3])  # the templates are in this part
+    assert reader.read_new() == calls[:3]
+    assert reader.read_new() == []
+    write_compact_calls(f, calls[3:])  # records only
+    assert reader.read_new() == calls[3:]
+    f.close()
+
+
+def test_a_torn_compact_record_is_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    f = EventFile(path)
+    calls = compact_calls(4)
+    write_compact_calls(f, calls)
+    end = f._pos
+    f.close()
+    with open(path, "r+b") as out:
+        out.truncate(end - 10)  # the last record lost part of its body
+    assert list(read_raw(path)) == calls[:-1]
+    with open(path, "r+b") as out:  # a compact tag whose template was never written
+        out.seek(end - 44)
+        out.write(struct.pack("<IQqIIqq", 0x80000000 | 40, 99, 1, 0, 999, 1, 0))
+    assert list(read_raw(path)) == calls[:-1]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_compact_records_survive_sigkill(tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    calls = compact_calls(20_000)  # past the first MiB
+    pid = os.fork()
+    if pid == 0:
+        try:
+            write_compact_calls(EventFile(path), calls)
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status)
+    assert list(read_raw(path)) == calls
+    assert path.stat().st_size > 1 << 20
+
+
+def test_a_recorded_collective_and_its_wait_are_written_compact(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from pytest_ddphooks.recorder import distpatch
+
+    distpatch.install()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        path = tmp_path / "events"
+        with Recorder(0, 1, event_file=path) as rec:
+            t = torch.ones(4)
+            for _ in range(3):
+                dist.all_reduce(t)
+                dist.all_reduce(t, async_op=True).wait()
+            written = list(read_raw(path))
+            templates = len(rec._file._templates)
+            raw = list(rec._raw)
+    finally:
+        dist.destroy_process_group()
+    assert written == raw
+    collectives = [r for r in raw if r[3] in (events.COLLECTIVE, events.WAIT)]
+    assert len(collectives) == 3 * (2 + 4)
+    assert [r[6]["seq"] for r in collectives if r[4] == events.START and r[3] == events.COLLECTIVE] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
+    # the calls repeat: start and end of each form, the async end, the wait's start and end
+    assert templates == 2 + 2 + 2

@@ -262,7 +262,7 @@ def describe_collective(
     shape = (op, id(pg), api, async_op, payload, root, reduce_op if op in _REDUCING else None)
     try:
         known = cache.get(shape)
-    except TypeError:  # a reduce op that cannot be a key (a premultiplied sum): described every time
+    except TypeError:  # an argument that cannot be a key: described every time
         known = shape = None
     if known is None or known[0] is not pg:
         known = _static_info(rec, pg, world, op, api, async_op, payload, root, reduce_op)
@@ -379,16 +379,16 @@ def run_recorded(
     out: dict[str, Any] | None = None
     try:
         pg = call.pg
+        if "async" in info and pg is not None and result is not None:
+            rec.awaiting(_awaitable(result), call_id, name, info, call.static)
         if pg is not None:
             rec.counted(info["group"], call.counter, _counter(pg), call.p2p)
         if after is not None:
             out = after(rec, call, result)
-        if "async" in info:
-            out = _ASYNC_END if not out else {"async": True, **out}
-            if pg is not None and result is not None:
-                rec.awaiting(_awaitable(result), call_id, name, info, call.static)
     except Exception as exc:  # the recorder must never be why a call fails
         out = {**(out or {}), "recorder_error": error_text(exc)}
+    if "async" in info:  # it completes at its wait, not at this return
+        out = _ASYNC_END if not out else {"async": True, **out}
     rec.end(call_id, kind, name, out or None, _ASYNC_END if out is _ASYNC_END else None)
     return result
 

@@ -53,6 +53,7 @@ _COMPACT_TAG = 0x80000000 | _COMPACT.size
 _pack_compact = _COMPACT.pack_into
 _pack_tag = _LENGTH.pack_into
 _MARSHALLED = 0x7FFFFFFF
+MAX_TEMPLATES = 4096  # a test's calls repeat a few dozen forms; past this, records are written whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,9 @@ class EventFile:
         key = (kind, phase, name, id(static), numbered)
         known = self._templates.get(key)
         if known is None:
+            if len(self._templates) >= MAX_TEMPLATES:  # forms that do not repeat: written whole
+                self.write(record)
+                return
             known = self._templates[key] = (len(self._templates) + 1, static)
             details = {"kind": kind, "info": static, "numbered": list(numbered)}
             self.write((known[0], 0, 0, TEMPLATE, phase, name, details))
@@ -185,8 +189,8 @@ class EventReader:
                     break
                 call_id, t_ns, lane, template, first, second = _COMPACT.unpack_from(data, pos + 4)
                 known = templates.get(template)
-                if known is None:
-                    break  # a torn length word: not a record
+                if known is None or t_ns == 0:
+                    break  # a torn length word, or a body not all written yet: not a record (yet)
                 kind, phase, name, static, numbered = known
                 info = dict(static) if static is not None else None
                 if numbered:

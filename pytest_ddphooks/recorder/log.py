@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import events
-from .events import END, START, EventFile, RawEvent
+from .events import END, POINT, START, EventFile, RawEvent
 
 get_ident = threading.get_ident
 time_ns = time.time_ns
@@ -126,7 +126,8 @@ class EventLog:
         numbered: tuple[str, ...] = (),
     ) -> None:
         """Record an event. With ``static``, ``info`` is that never-changing dict plus the
-        integers named in ``numbered``: the event file writes it compact."""
+        integers named in ``numbered``: the event file writes it compact, as it writes the
+        start or end of a call without info."""
         # every recorded call passes here twice: kept to a few dictionary look-ups and one write
         lane = self._lanes.get(get_ident())
         if lane is None:
@@ -138,7 +139,8 @@ class EventLog:
         file = self._file
         if file is not None:
             with self._lock:
-                if info is None or static is not None:
+                # a point (a mark) may be named anew each time: only calls are written compact
+                if static is not None or (info is None and phase != POINT):
                     file.write_compact(record, static, numbered)
                 else:
                     file.write(record)

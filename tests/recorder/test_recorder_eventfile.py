@@ -264,3 +264,33 @@ def test_a_recorded_collective_and_its_wait_are_written_compact(tmp_path: Path) 
     ]
     # the calls repeat: start and end of each form, the async end, the wait's start and end
     assert templates == 2 + 2 + 2
+
+
+def test_past_the_template_limit_new_forms_are_written_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "MAX_TEMPLATES", 2)
+    path = tmp_path / "events"
+    f = EventFile(path)
+    calls = compact_calls(5)  # three forms: the third (the wait) is past the limit
+    write_compact_calls(f, calls)
+    assert len(f._templates) == 2
+    assert list(read_raw(path)) == calls
+    f.close()
+
+
+def test_a_compact_record_whose_body_is_not_visible_yet_is_read_later(tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    f = EventFile(path)
+    calls = compact_calls(2)
+    write_compact_calls(f, calls)
+    reader = events.EventReader(path)
+    end = f._pos
+    f.close()
+    body = path.read_bytes()[end - 40 : end]
+    with open(path, "r+b") as out:  # the tag is there, the body still zeros (another CPU's view)
+        out.seek(end - 40)
+        out.write(bytes(40))
+    assert reader.read_new() == calls[:-1]
+    with open(path, "r+b") as out:
+        out.seek(end - 40)
+        out.write(body)
+    assert reader.read_new() == calls[-1:]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_ddphooks.recorder import Recorder, core, distpatch, events
+from pytest_ddphooks.recorder.events import read_raw
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -170,6 +171,35 @@ def test_a_call_the_recorder_cannot_describe_still_runs(group: None, monkeypatch
         dist.all_reduce(t)
     assert t.tolist() == [1.0, 1.0]
     assert calls(rec)[0][1] == {"op": "all_reduce", "recorder_error": "RuntimeError: cannot describe"}
+
+
+def test_an_async_call_whose_return_the_recorder_cannot_read_still_completes_at_its_wait(
+    group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("cannot count")
+
+    t = torch.ones(2)
+    with Recorder(0, 1) as rec:
+        monkeypatch.setattr(rec, "counted", broken)
+        work = dist.all_reduce(t, async_op=True)
+        (end,) = calls(rec, events.END)
+        # still asynchronous: its return completes nothing, and it is not waited yet
+        assert end[1] == {"async": True, "recorder_error": "RuntimeError: cannot count"}
+        assert [name for _, name, _ in rec.never_waited()] == ["dist.all_reduce"]
+        work.wait()
+        assert rec.never_waited() == []
+        assert [e.name for e in rec.events if e.kind == events.WAIT] == ["dist.all_reduce.wait"] * 2
+    assert t.tolist() == [1.0, 1.0]
+
+
+def test_marks_named_anew_each_time_add_no_templates(tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    with Recorder(0, 1, event_file=str(path)) as rec:
+        for i in range(100):
+            rec.mark(f"step {i}")
+        assert rec._file is not None and rec._file._templates == {}
+        assert [r[5] for r in read_raw(path) if r[3] == events.MARK] == [f"step {i}" for i in range(100)]
 
 
 def test_instrument_barrier_counts_collectives_and_knows_if_a_group_existed(tmp_path: Path) -> None:

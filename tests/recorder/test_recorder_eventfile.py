@@ -198,13 +198,18 @@ def test_a_reader_that_follows_the_file_knows_the_templates_of_earlier_reads(tmp
     f.close()
 
 
-def test_a_torn_compact_record_is_the_end(tmp_path: Path) -> None:
+def closed_compact_file(tmp_path: Path, n: int) -> tuple[Path, list[events.RawEvent], int]:
+    """A closed file of n compact calls: its path, the records, and where they end."""
     path = tmp_path / "events"
     f = EventFile(path)
-    calls = compact_calls(4)
+    calls = compact_calls(n)
     write_compact_calls(f, calls)
-    end = f._pos
     f.close()
+    return path, calls, f._pos
+
+
+def test_a_torn_compact_record_is_the_end(tmp_path: Path) -> None:
+    path, calls, end = closed_compact_file(tmp_path, 4)
     with open(path, "r+b") as out:
         out.truncate(end - 10)  # the last record lost part of its body
     assert list(read_raw(path)) == calls[:-1]
@@ -278,13 +283,8 @@ def test_past_the_template_limit_new_forms_are_written_whole(tmp_path: Path, mon
 
 
 def test_a_compact_record_whose_body_is_not_visible_yet_is_read_later(tmp_path: Path) -> None:
-    path = tmp_path / "events"
-    f = EventFile(path)
-    calls = compact_calls(2)
-    write_compact_calls(f, calls)
+    path, calls, end = closed_compact_file(tmp_path, 2)
     reader = events.EventReader(path)
-    end = f._pos
-    f.close()
     body = path.read_bytes()[end - 40 : end]
     with open(path, "r+b") as out:  # the tag is there, the body still zeros (another CPU's view)
         out.seek(end - 40)

@@ -66,12 +66,21 @@ def install() -> None:
     """Record torch.distributed calls from now on: patch now if loaded, else as it loads."""
     for name in (_C10D, _FUNCOL):
         module = sys.modules.get(name)
-        if module is not None:
-            _PATCHERS[name](module)
+        # every rank activates a recorder: a module patched already is not walked again
+        if module is not None and _patched.get(name) is not module:
+            _patch(name, module)
     if not all(name in sys.modules for name in _PATCHERS) and not any(
         isinstance(f, _PatchOnImport) for f in sys.meta_path
     ):
         sys.meta_path.insert(0, _PatchOnImport())
+
+
+_patched: dict[str, types.ModuleType] = {}  # module name -> the module object last patched
+
+
+def _patch(name: str, module: types.ModuleType) -> None:
+    _PATCHERS[name](module)
+    _patched[name] = module
 
 
 def installed() -> bool:
@@ -101,7 +110,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         self._inner.exec_module(module)
-        _PATCHERS[module.__name__](module)
+        _patch(module.__name__, module)
         if all(name in sys.modules for name in _PATCHERS):
             for finder in list(sys.meta_path):
                 if isinstance(finder, _PatchOnImport):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,19 @@ def test_torch_distributed_is_patched() -> None:
     assert distpatch.installed()
     assert hasattr(dist.barrier, "__ddphooks_original__")
     assert dist.barrier is dist.distributed_c10d.barrier
+
+
+def test_install_walks_a_module_once_and_a_new_module_object_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    walked: list[Any] = []
+    monkeypatch.setitem(distpatch._PATCHERS, distpatch._C10D, walked.append)
+    monkeypatch.setattr(distpatch, "_patched", dict(distpatch._patched))
+    distpatch.install()  # every rank's recorder activates: the patched module is left alone
+    assert walked == []
+    fresh = type(dist.distributed_c10d)(distpatch._C10D)  # as if the module were imported again
+    monkeypatch.setitem(sys.modules, distpatch._C10D, fresh)
+    distpatch.install()
+    distpatch.install()
+    assert walked == [fresh]
 
 
 def record_calls(tmp_path: Path) -> tuple[Recorder, list[Any]]:

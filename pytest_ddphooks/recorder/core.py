@@ -4,6 +4,7 @@ the merged Timeline of every rank."""
 from __future__ import annotations
 
 import marshal
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -44,6 +45,7 @@ class Recorder(EventLog):
         self._undo: list[Undo] = []
         self._active = False
         self._native = NativeCalls()
+        self._native_lock = threading.Lock()
 
     # -- instrumentation ---------------------------------------------------------------------
 
@@ -110,7 +112,10 @@ class Recorder(EventLog):
     def read_native(self) -> None:
         """Add what native code issued since the last look (DDP's reducer, compiled graphs),
         from torch's flight recorder."""
-        self.add_native(self._native.read(self))
+        with self._native_lock:  # the ask thread and the body may both read
+            if self.native_may_have_issued():
+                self.native_reading()
+                self.add_native(self._native.read(self))
 
     def timeline(self) -> Timeline:
         """The merged Timeline of every rank (a collective in a multirank test)."""

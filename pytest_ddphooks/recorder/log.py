@@ -62,6 +62,9 @@ class EventLog:
         self._group_ranks: dict[str, list[int]] = {}  # group key -> its global ranks, of every incarnation
         self._offset_changes: dict[str, list[tuple[int, int]]] = {}  # group -> (counter after a p2p call, offset)
         self._gaps: dict[str, list[tuple[int, int]]] = {}  # group -> counter values of calls it did not see
+        self._gaps_found = 0  # how many gaps were found, and how many of them native reads followed
+        self._gaps_read = 0
+        self._native_upto: dict[str, int] = {}  # group -> the last op_id the flight recorder was read for
         self._incarnation_starts: list[int] = []  # when each incarnation after the first began (time_ns)
         self.born_ns = time.time_ns()  # what native code issued before this log existed is not its own
         self._incarnation = 1  # of the groups: destroy_process_group ends one
@@ -196,6 +199,7 @@ class EventLog:
         self._groups.clear()
         self.described_groups.clear()
         self.described_calls.clear()
+        self._native_upto.clear()
 
     def _counter_of(self, group: str) -> _GroupCounter:
         state = self._counters.get(group)
@@ -218,6 +222,7 @@ class EventLog:
         if unseen:
             assert state.expected is not None
             self._gaps.setdefault(group, []).append((state.expected + 1, counter))
+            self._gaps_found += 1
         state.in_flight = counter
         return counter - state.offset + 1, unseen
 
@@ -299,6 +304,41 @@ class EventLog:
 
     def native_group_ranks(self, group: str) -> list[int]:
         return list(self._group_ranks.get(group) or [])
+
+    def native_may_have_issued(self) -> bool:
+        """Whether a collective this log did not see may have been issued since native calls
+        were last read: a gap found since, or a group's counter past both its last recorded
+        call and the last flight-recorder entry read for it. When not, the flight recorder
+        holds nothing ``unseen`` would take, and is not read (a dump of its 2,000 entries
+        costs 20 ms)."""
+        if self._gaps_found != self._gaps_read:
+            return True
+        # copied at once: the watchdog's ask thread reads while the rank's threads record
+        groups = {key: pg for pg, key, *_ in tuple(self.described_groups.values())}
+        groups.update(self._groups.copy())
+        for key, pg in groups.items():
+            state = self._counters.get(key)
+            if state is None or state.expected is None:
+                continue  # unseen() takes nothing of a group without a recorded count
+            try:
+                counter = int(pg._get_sequence_number_for_group())
+            except Exception:
+                return True  # cannot tell
+            # a recorded call still running owns what its group counted since it began
+            if state.in_flight is not None:
+                counter = min(counter, state.in_flight)
+            if counter > max(state.expected, self._native_upto.get(key, 0)):
+                return True
+        return False
+
+    def native_reading(self) -> None:
+        """Native calls are about to be read: every gap found so far was issued before."""
+        self._gaps_read = self._gaps_found
+
+    def native_entry(self, group: str, op_id: int) -> None:
+        """The flight recorder held the call that left ``group``'s counter at ``op_id``."""
+        if op_id > self._native_upto.get(group, 0):
+            self._native_upto[group] = op_id
 
     def unseen(self, group: str, op_id: int) -> bool:
         """Whether the call that left ``group``'s counter at ``op_id`` was one this log did not

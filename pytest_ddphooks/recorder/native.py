@@ -127,6 +127,7 @@ class NativeCalls:
         if group is None:
             return []
         op_id = int(entry.get("op_id", 0))
+        log.native_entry(group, op_id)
         if not log.unseen(group, op_id):
             return []  # a call the recorder saw, or one nested in it (broadcast_object_list's)
         seq = log.seq_of(group, op_id)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ddphooks.recorder import Recorder, core, distpatch, events
+from pytest_ddphooks.recorder import Recorder, core, distpatch, events, native
 from pytest_ddphooks.recorder.events import read_raw
 
 torch = pytest.importorskip("torch")
@@ -214,6 +214,35 @@ def test_marks_named_anew_each_time_add_no_templates(tmp_path: Path) -> None:
             rec.mark(f"step {i}")
         assert rec._file is not None and rec._file._templates == {}
         assert [r[5] for r in read_raw(path) if r[3] == events.MARK] == [f"step {i}" for i in range(100)]
+
+
+def test_the_flight_recorder_is_read_only_when_a_call_went_unseen(group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    dumps: list[int] = []
+    real_dump = native._dump
+    monkeypatch.setattr(native, "_dump", lambda: dumps.append(1) or real_dump())
+    t = torch.ones(1)
+
+    def as_native_code_calls_it() -> None:
+        dist.ProcessGroup.allreduce.__ddphooks_original__(dist.group.WORLD, [t]).wait()
+
+    def natives(rec: Recorder) -> list[Any]:
+        tl = rec.timeline()
+        return [e.info.get("native") for e in tl.for_rank(0) if e.kind == events.COLLECTIVE and e.phase == events.START]
+
+    with Recorder(0, 1) as rec:
+        dist.all_reduce(t)
+        assert natives(rec) == [None]
+        assert natives(rec) == [None]
+        assert dumps == []  # every collective recorded: nothing in it to read
+        as_native_code_calls_it()  # after the last recorded call
+        assert natives(rec)[1] is not None
+        assert len(dumps) == 1
+        natives(rec)
+        assert len(dumps) == 1  # read once
+        as_native_code_calls_it()
+        dist.all_reduce(t)  # a gap between two recorded calls
+        assert [n is not None for n in natives(rec)] == [False, True, True, False]
+        assert len(dumps) == 2
 
 
 def test_instrument_barrier_counts_collectives_and_knows_if_a_group_existed(tmp_path: Path) -> None:

@@ -114,8 +114,8 @@ class Recorder(EventLog):
         from torch's flight recorder."""
         with self._native_lock:  # the ask thread and the body may both read
             if self.native_may_have_issued():
-                self.native_reading()
                 self.add_native(self._native.read(self))
+                self.native_read()
 
     def timeline(self) -> Timeline:
         """The merged Timeline of every rank (a collective in a multirank test)."""

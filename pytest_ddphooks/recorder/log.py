@@ -19,6 +19,7 @@ get_ident = threading.get_ident
 time_ns = time.time_ns
 
 _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
+_TRACKED_GAP = 4096  # of a longer run of calls the recorder did not see, the last ones are looked for
 
 
 class _GroupCounter:
@@ -62,9 +63,11 @@ class EventLog:
         self._group_ranks: dict[str, list[int]] = {}  # group key -> its global ranks, of every incarnation
         self._offset_changes: dict[str, list[tuple[int, int]]] = {}  # group -> (counter after a p2p call, offset)
         self._gaps: dict[str, list[tuple[int, int]]] = {}  # group -> counter values of calls it did not see
-        self._gaps_found = 0  # how many gaps were found, and how many of them native reads followed
-        self._gaps_read = 0
-        self._native_upto: dict[str, int] = {}  # group -> the last op_id the flight recorder was read for
+        # what the flight recorder must still be read for: per gap, the op_ids of it no entry was
+        # read for yet; per group, the op_id up to which every entry was read, and those read above
+        self._gaps_unread: list[tuple[str, set[int]]] = []
+        self._native_upto: dict[str, int] = {}
+        self._native_above: dict[str, set[int]] = {}
         self._incarnation_starts: list[int] = []  # when each incarnation after the first began (time_ns)
         self.born_ns = time.time_ns()  # what native code issued before this log existed is not its own
         self._incarnation = 1  # of the groups: destroy_process_group ends one
@@ -200,6 +203,7 @@ class EventLog:
         self.described_groups.clear()
         self.described_calls.clear()
         self._native_upto.clear()
+        self._native_above.clear()
 
     def _counter_of(self, group: str) -> _GroupCounter:
         state = self._counters.get(group)
@@ -222,7 +226,8 @@ class EventLog:
         if unseen:
             assert state.expected is not None
             self._gaps.setdefault(group, []).append((state.expected + 1, counter))
-            self._gaps_found += 1
+            # the flight recorder keeps the last 2,000 entries: the tail of a long gap is what it can hold
+            self._gaps_unread.append((group, set(range(max(state.expected, counter - _TRACKED_GAP) + 1, counter + 1))))
         state.in_flight = counter
         return counter - state.offset + 1, unseen
 
@@ -311,7 +316,7 @@ class EventLog:
         call and the last flight-recorder entry read for it. When not, the flight recorder
         holds nothing ``unseen`` would take, and is not read (a dump of its 2,000 entries
         costs 20 ms)."""
-        if self._gaps_found != self._gaps_read:
+        if self._gaps_unread:
             return True
         # copied at once: the watchdog's ask thread reads while the rank's threads record
         groups = {key: pg for pg, key, *_ in tuple(self.described_groups.values())}
@@ -331,14 +336,27 @@ class EventLog:
                 return True
         return False
 
-    def native_reading(self) -> None:
-        """Native calls are about to be read: every gap found so far was issued before."""
-        self._gaps_read = self._gaps_found
-
     def native_entry(self, group: str, op_id: int) -> None:
         """The flight recorder held the call that left ``group``'s counter at ``op_id``."""
+        if self._gaps_unread:
+            for key, missing in self._gaps_unread:
+                if key == group:
+                    missing.discard(op_id)
+            self._gaps_unread = [gap for gap in self._gaps_unread if gap[1]]
         if op_id > self._native_upto.get(group, 0):
-            self._native_upto[group] = op_id
+            self._native_above.setdefault(group, set()).add(op_id)
+
+    def native_read(self) -> None:
+        """After a read: a group's entries count as read up to the first op_id past its last
+        recorded call that had no entry yet (an entry written late, or out of order, is read
+        next time)."""
+        for group, above in self._native_above.items():
+            state = self._counters.get(group)
+            upto = max(self._native_upto.get(group, 0), state.expected or 0 if state is not None else 0)
+            while upto + 1 in above:
+                upto += 1
+            self._native_upto[group] = upto
+            above.difference_update([i for i in above if i <= upto])
 
     def unseen(self, group: str, op_id: int) -> bool:
         """Whether the call that left ``group``'s counter at ``op_id`` was one this log did not

@@ -245,6 +245,47 @@ def test_the_flight_recorder_is_read_only_when_a_call_went_unseen(group: None, m
         assert len(dumps) == 2
 
 
+@pytest.mark.parametrize("then", ["recorded", "native"], ids=["in-a-gap", "out-of-order"])
+def test_a_flight_recorder_entry_written_late_is_read_when_it_appears(
+    group: None, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    # another thread's call on the group: its counter moved at once, its entry comes later
+    # (and so takes a later record id than the entries written meanwhile)
+    not_yet: set[int] = set()
+    written_late: set[int] = set()
+    real_dump = native._dump
+
+    def dump() -> list[dict[str, Any]]:
+        entries = [dict(e) for e in real_dump() if int(e["op_id"]) not in not_yet]
+        for e in entries:
+            if int(e["op_id"]) in written_late:
+                e["record_id"] = 10**9
+        return entries
+
+    monkeypatch.setattr(native, "_dump", dump)
+    t = torch.ones(1)
+
+    def as_native_code_calls_it() -> None:
+        dist.ProcessGroup.allreduce.__ddphooks_original__(dist.group.WORLD, [t]).wait()
+
+    def native_seqs(rec: Recorder) -> list[int]:
+        tl = rec.timeline()
+        return sorted(e.info["seq"] for e in tl.for_rank(0) if e.phase == events.START and e.info.get("native"))
+
+    with Recorder(0, 1) as rec:
+        dist.all_reduce(t)  # 1
+        not_yet.add(2)
+        as_native_code_calls_it()  # 2
+        if then == "recorded":
+            dist.all_reduce(t)  # 3: finds the gap where 2 is
+        else:
+            as_native_code_calls_it()  # 3, its entry written before 2's
+        assert native_seqs(rec) == ([] if then == "recorded" else [3])
+        not_yet.clear()
+        written_late.add(2)
+        assert native_seqs(rec) == ([2] if then == "recorded" else [2, 3])
+
+
 def test_instrument_barrier_counts_collectives_and_knows_if_a_group_existed(tmp_path: Path) -> None:
     class Trainer:
         def real_barrier(self) -> None:

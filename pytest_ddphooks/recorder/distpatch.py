@@ -35,6 +35,7 @@ from typing import Any
 from . import active, collectives, events
 from .collectives import OPS, PAYLOAD_ARG, describe_tensor
 from .log import EventLog, error_text
+from .log import group_counter as _counter
 
 _C10D = "torch.distributed.distributed_c10d"
 _FUNCOL = "torch.distributed._functional_collectives"
@@ -56,7 +57,6 @@ _REDUCING = {
     "reduce_scatter_single",
     "_reduce_scatter_base",
 }
-_ranks_cache: dict[str, list[int]] = {}
 # set as distributed_c10d is patched: its registry of groups, and its non-member marker
 _c10d_world: Any = None
 _NON_GROUP_MEMBER: Any = object()
@@ -138,21 +138,6 @@ def _group_name(group: Any, world: Any = None) -> str:
 
 def _process_group(group: Any) -> Any:
     return _dist().distributed_c10d._get_default_group() if group is None else group
-
-
-def _counter(pg: Any) -> int | None:
-    """The group's own sequence counter; None where the backend does not keep one."""
-    try:
-        return pg._get_sequence_number_for_group()  # type: ignore[no-any-return]
-    except Exception:
-        return None
-
-
-def _group_ranks(group: Any, key: str) -> list[int]:
-    ranks = _ranks_cache.get(key)
-    if ranks is None:
-        ranks = _ranks_cache[key] = list(_dist().get_process_group_ranks(group))
-    return ranks
 
 
 def global_rank(group: Any, group_rank: int) -> int:
@@ -238,7 +223,7 @@ def _known_group(rec: EventLog, pg: Any, world: Any) -> tuple[Any, str, str, Any
             known = (pg, rec.group_key("default"), "group_size", int(world.size()))
         else:
             key = rec.group_key(_group_name(pg, world))
-            known = (pg, key, "ranks", _group_ranks(pg, key))
+            known = (pg, key, "ranks", list(_dist().get_process_group_ranks(pg)))
         rec.described_groups[id(pg)] = known
     return known
 
@@ -498,7 +483,6 @@ def _after_function_call(op: str, rec: EventLog, call: Call, result: Any) -> dic
         rec.group_created(key, result, _counter(result))
         return {"group": key}
     if op == "destroy_process_group":
-        _ranks_cache.clear()
         if not dist.is_initialized():  # every group went with the default one
             rec.groups_destroyed()
         return None

@@ -66,7 +66,10 @@ def pytest_sessionfinish(session):
 """
 
 
-def test_an_xdist_controller_leaves_torch_to_the_workers_that_run_tests(pytester: pytest.Pytester) -> None:
+def test_an_xdist_controller_leaves_torch_to_the_workers_that_run_tests(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # this suite itself under xdist
     pytester.makeconftest(TORCH_PROBE)
     pytester.makepyfile(test_ranks=BODY)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")

@@ -94,20 +94,32 @@ def _arm_stack_dumps(job: Job, rank: int, crash_fd: int) -> None:
 
 
 def _apply_env(job: Job, rank: int, port: int) -> None:
-    os.environ.clear()
-    os.environ.update(job.env)
-    os.environ.update(
-        rendezvous.rank_env(rank, job.world_size, job.nodes, port, job.test_id, job.attempt, job.max_restarts)
-    )
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    wanted = {
+        **job.env,
+        **rendezvous.rank_env(rank, job.world_size, job.nodes, port, job.test_id, job.attempt, job.max_restarts),
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
     if "OMP_NUM_THREADS" not in job.env:
         # as torchrun does: N ranks on few cores must not each start a thread per core
-        os.environ["OMP_NUM_THREADS"] = "1"
+        wanted["OMP_NUM_THREADS"] = "1"
+    _set_environ(wanted)
+    if "OMP_NUM_THREADS" not in job.env:
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(1)
     with contextlib.suppress(OSError):
         os.chdir(job.cwd)
+
+
+def _set_environ(wanted: dict[str, str]) -> None:
+    """Make the environment ``wanted``, changing only what differs: a fresh fork already has
+    most of it (clearing and setting it all again cost a rank 0.2-0.4 ms)."""
+    env = os.environ
+    for name in [name for name in env if name not in wanted]:
+        del env[name]
+    for name, value in wanted.items():
+        if env.get(name) != value:
+            env[name] = value
 
 
 def _exchanger(store: Any, rank: int, world_size: int) -> Callable[[bytes], list[bytes]]:

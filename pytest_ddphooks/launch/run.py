@@ -29,7 +29,7 @@ from .. import coverage_relay
 from ..files import read_text
 from ..progress import RankProgress
 from ..recorder import events
-from ..recorder.events import EventReader, read_raw
+from ..recorder.events import EventReader, RawEvent
 from ..recorder.timeline import Timeline
 from ..report import RankExit, RankResult, RunReport, Stall
 from ..stacks import dump_stacks
@@ -67,6 +67,7 @@ class RunWatch:
         self.over = False
         self._progress = RankProgress()
         self._readers = {r: EventReader(job.path(r, "events")) for r in range(job.world_size)}
+        self._records: dict[int, list[RawEvent]] = {r: [] for r in range(job.world_size)}  # read so far
         self._seen_desync: tuple[object, ...] | None = None
         self._stalled_since: float | None = None
         self._counts: dict[int, int] = {}
@@ -180,6 +181,7 @@ class RunWatch:
 
     def _read(self, rank: int) -> None:
         records = self._readers[rank].read_new()
+        self._records[rank].extend(records)
         self._progress.feed(rank, records)
 
     def _end_if_only_faults_remain(self) -> None:
@@ -274,7 +276,9 @@ class RunWatch:
             out, err = read_text(job.path(r, "out")), read_text(job.path(r, "err"))
             if out or err:
                 report.outputs[r] = (out, err)
-        raw = {r: list(read_raw(job.path(r, "events"))) for r in range(job.world_size)}
+        for r in range(job.world_size):
+            self._read(r)  # what was written since the last look; the rest was read as it came
+        raw = self._records
         report.timeline = Timeline.from_raw(raw)
         report.thread_idents = {
             (r, int(rec[2])): int(rec[6]["ident"])

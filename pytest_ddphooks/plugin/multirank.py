@@ -340,7 +340,7 @@ class MultirankHooks:
                 warn_at(item, NeverWaitedWarning(text))
         self._output_sections(item, report)
         self._rank_leaks(item, report)
-        if self.ddp.settings.report or self.config.pluginmanager.hasplugin("html"):
+        if self.ddp.settings.report or page.writes_html(self.config):
             item.stash[page.VIEW_KEY] = multirank_view(
                 item.nodeid,
                 report.timeline,

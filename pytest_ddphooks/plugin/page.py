@@ -64,10 +64,15 @@ def _outcome(report: pytest.TestReport) -> str:
     return "passed"
 
 
+def writes_html(config: pytest.Config) -> bool:
+    """pytest-html writes a report in this session (installed is not enough: ``--html``)."""
+    return config.pluginmanager.hasplugin("html") and bool(config.getoption("htmlpath", None))
+
+
 def attach(item: pytest.Item, report: pytest.TestReport, view: dict[str, Any]) -> None:
     """Put a test's view on its report; with pytest-html, its timeline as an extra of a failure."""
     setattr(report, VIEW_ATTR, view)
-    if not report.failed or not item.config.pluginmanager.hasplugin("html"):
+    if not report.failed or not writes_html(item.config):
         return
     with contextlib.suppress(ImportError):
         from pytest_html import extras  # type: ignore[import-not-found]

@@ -45,6 +45,8 @@ _LENGTH = struct.Struct("<I")
 _pack_length = _LENGTH.pack
 _dumps = marshal.dumps
 _CHUNK = 1 << 20
+_READ_PIECE = 64 << 10  # a reader's first read; most tests record less
+_LARGEST_PIECE = 16 << 20
 # A compact record: call id, time, lane, template, and the two numbers that change from call
 # to call of the same kind (a collective's seq; a wait's seq and the call it completes). Its
 # length word has the top bit set.
@@ -174,26 +176,43 @@ class EventReader:
         self._templates: dict[int, tuple[str, str, str, dict[str, Any] | None, list[str]]] = {}
 
     def read_new(self) -> list[RawEvent]:
+        # The file is sized ahead in 1 MiB chunks of zeros: read what follows the last record
+        # in pieces, and stop at the first zero length word, not at the end of the file.
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
+            fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return []
         out: list[RawEvent] = []
+        try:
+            size = _READ_PIECE
+            while True:
+                data = os.pread(fd, size, self.offset)
+                pos, ended = self._parse(data, out)
+                self.offset += pos
+                if ended or len(data) < size:
+                    return out
+                # more was written than this piece held: read on, in larger pieces (one that
+                # holds a record larger than the piece whole)
+                size = min(size * 2, _LARGEST_PIECE) if pos else size * 4
+        finally:
+            os.close(fd)
+
+    def _parse(self, data: bytes, out: list[RawEvent]) -> tuple[int, bool]:
+        """Append the complete records at the start of ``data`` to ``out``; return how many
+        bytes they took and whether the records ended there (rather than ``data``)."""
         pos, end = 0, len(data)
         templates = self._templates
         while pos + 4 <= end:
             (n,) = _LENGTH.unpack_from(data, pos)
             if n == 0:
-                break
+                return pos, True
             if n == _COMPACT_TAG:
                 if pos + 4 + _COMPACT.size > end:
                     break
                 call_id, t_ns, lane, template, first, second = _COMPACT.unpack_from(data, pos + 4)
                 known = templates.get(template)
                 if known is None or t_ns == 0:
-                    break  # a torn length word, or a body not all written yet: not a record (yet)
+                    return pos, True  # a torn length word, or a body not all written yet: not a record (yet)
                 kind, phase, name, static, numbered = known
                 info = dict(static) if static is not None else None
                 if numbered:
@@ -201,24 +220,25 @@ class EventReader:
                 out.append((call_id, t_ns, lane, kind, phase, name, info))
                 pos += 4 + _COMPACT.size
                 continue
-            if n > _MARSHALLED or pos + 4 + n > end:
+            if n > _MARSHALLED:
+                return pos, True
+            if pos + 4 + n > end:
                 break
             try:
                 record = marshal.loads(data[pos + 4 : pos + 4 + n])
             except (EOFError, ValueError, TypeError):
-                break
+                return pos, True
             if not _well_formed(record):
-                break  # a torn length can frame a prefix that unmarshals: it is not a record
+                return pos, True  # a torn length can frame a prefix that unmarshals: it is not a record
             if record[3] == TEMPLATE:
                 details = record[6] or {}
                 if not {"kind", "info", "numbered"} <= details.keys():
-                    break
+                    return pos, True
                 templates[record[0]] = (details["kind"], record[4], record[5], details["info"], details["numbered"])
             else:
                 out.append(record)
             pos += 4 + n
-        self.offset += pos
-        return out
+        return pos, False
 
 
 def _well_formed(record: Any) -> bool:

@@ -198,6 +198,37 @@ def test_a_reader_that_follows_the_file_knows_the_templates_of_earlier_reads(tmp
     f.close()
 
 
+def test_a_reader_reads_what_was_written_not_the_file_sized_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records across the reader's pieces, one larger than several pieces, and a reader
+    that follows the file: all read once, in order; the zeros sized ahead are not read."""
+    path = tmp_path / "events"
+    f = EventFile(path)
+    pread, read = os.pread, []
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: read.append(pread(fd, n, at)) or read[-1])
+    tiny = EventFile(tmp_path / "tiny")
+    tiny.write(record(0))
+    assert list(read_raw(tmp_path / "tiny")) == [record(0)]
+    assert 0 < sum(map(len, read)) <= 64 << 10 < os.path.getsize(tmp_path / "tiny")
+    tiny.close()
+    reader = events.EventReader(path)
+    small = [record(i, size=100) for i in range(2_000)]  # ~250 KiB: several 64 KiB pieces
+    large = record(10_000, size=300_000)
+    for r in small[:1_000]:
+        f.write(r)
+    write_compact_calls(f, compact_calls(10))
+    assert reader.read_new() == [*small[:1_000], *compact_calls(10)]
+    f.write(large)
+    for r in small[1_000:]:
+        f.write(r)
+    assert reader.read_new() == [large, *small[1_000:]]
+    assert reader.read_new() == []
+    assert reader.offset == f._pos < os.path.getsize(path)
+    assert list(read_raw(path)) == [*small[:1_000], *compact_calls(10), large, *small[1_000:]]
+    f.close()
+
+
 def closed_compact_file(tmp_path: Path, n: int) -> tuple[Path, list[events.RawEvent], int]:
     """A closed file of n compact calls: its path, the records, and where they end."""
     path = tmp_path / "events"

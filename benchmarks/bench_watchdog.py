@@ -300,8 +300,9 @@ def main() -> None:
         ),
         [
             "Each recorded all_reduce writes two events per rank. The watchdog reads each event file"
-            " from where it stopped the last time (every 0.5 s), and after the run the whole files once"
-            " to build the timeline; both grow linearly with N.",
+            " from where it stopped the last time (every 0.5 s), and at the run's end what was written"
+            " since: every record is read once, and the timeline is built from what was read; both"
+            " grow linearly with N.",
         ],
     )
     report.write()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from pytest_ddphooks import session_dirs
 
 
 def test_body_runs_once_per_rank_in_distinct_processes(inner) -> None:
@@ -376,3 +380,35 @@ def test_a_preload_that_cannot_be_imported_is_a_usage_error(pytester) -> None:
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*ini ddp_preload: cannot import 'no_such_module_anywhere': ModuleNotFoundError*"])
+
+
+RUN_FILES_IN_MEMORY = """
+import os
+import pytest
+
+
+@pytest.mark.multirank(world_size=2)
+def test_where(rank):
+    fds = os.listdir("/proc/self/fd")
+    paths = set()
+    for fd in fds:
+        try:
+            paths.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    events = [p for p in paths if p.endswith(f"rank{rank}.events")]
+    assert events, paths
+    print("RUN-FILE", events[0])
+    assert events[0].startswith("/dev/shm/ddphooks-")
+"""
+
+
+@pytest.mark.skipif(not session_dirs.memory_parent(), reason="no memory filesystem with room here (or TMPDIR is set)")
+def test_a_run_s_files_are_in_memory_and_gone_after_the_session(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_where=RUN_FILES_IN_MEMORY)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    result.assert_outcomes(passed=1)
+    shown = [line.split("RUN-FILE ", 1)[1] for line in result.outlines if "RUN-FILE " in line]
+    assert shown, result.outlines
+    session_folder = shown[0].split("/run-")[0]
+    assert not os.path.exists(session_folder), "the session's runs folder is removed at its end"

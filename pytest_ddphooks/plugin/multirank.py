@@ -405,7 +405,7 @@ class MultirankHooks:
     def _new_run_dir(self) -> tuple[str, str]:
         """A run's id and its private folder."""
         test_id = f"{os.getpid()}-{next(self._ids)}"
-        run_dir = os.path.join(self.ddp.folder(), f"run-{test_id}")
+        run_dir = os.path.join(self.ddp.runs_folder(), f"run-{test_id}")
         os.mkdir(run_dir)
         return test_id, run_dir
 

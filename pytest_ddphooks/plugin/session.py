@@ -25,6 +25,7 @@ class DdpSession:
         self.settings = settings
         self.launcher: Launcher | None = None
         self._folder: str | None = None
+        self._runs_folder: str | None = None
         self._coverage: dict[str, str] | None = None
         self.late_leaks: list[str] = []  # the leak guard's words for what was found after a test's report
 
@@ -33,6 +34,14 @@ class DdpSession:
         if self._folder is None:
             self._folder = session_dirs.create()
         return self._folder
+
+    def runs_folder(self) -> str:
+        """Where the runs' folders go: in memory where ``session_dirs`` finds room, else in
+        the session's folder (removed at the end of the session)."""
+        if self._runs_folder is None:
+            memory = session_dirs.memory_parent()
+            self._runs_folder = session_dirs.create(memory) if memory else self.folder()
+        return self._runs_folder
 
     def coverage_folder(self) -> str:
         return os.path.join(self.folder(), "coverage")
@@ -95,6 +104,7 @@ class DdpSession:
         if self.launcher is not None:
             self.launcher.close()
             self.launcher = None
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
+        for folder in (self._runs_folder, self._folder):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        self._folder = self._runs_folder = None

@@ -8,6 +8,7 @@ happens to the process, and the orchestrator reads the file afterwards.
 from __future__ import annotations
 
 import bisect
+import errno
 import marshal
 import mmap
 import os
@@ -106,6 +107,16 @@ class EventFile:
         size = self._size
         while size < self._pos + at_least:
             size += _CHUNK
+        room = os.fstatvfs(self._fd)
+        free = room.f_bavail * room.f_frsize
+        if free < size - self._size:
+            # the file is sparse: a write through the mapping to a page the filesystem has no
+            # room for kills the process (SIGBUS), so say it here, where it can still be said
+            raise OSError(
+                errno.ENOSPC,
+                f"no room for the event file {self.path} to grow to {size >> 20} MiB"
+                f" ({free >> 10} KiB free on its filesystem)",
+            )
         os.ftruncate(self._fd, size)
         if self._map is not None:
             self._map.close()

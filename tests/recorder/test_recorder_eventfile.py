@@ -325,3 +325,18 @@ def test_a_compact_record_whose_body_is_not_visible_yet_is_read_later(tmp_path: 
         out.seek(end - 40)
         out.write(body)
     assert reader.read_new() == calls[-1:]
+
+
+def test_an_event_file_with_no_room_to_grow_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Growing into a full filesystem would kill the process at its next write (SIGBUS): the
+    growth is refused with the words that name the problem instead."""
+    f = EventFile(tmp_path / "events")
+    f.write(record(0))
+    full = os.statvfs_result((4096, 4096, 100, 0, 0, 100, 0, 0, 0, 255))
+    monkeypatch.setattr(os, "fstatvfs", lambda fd: full)
+    with pytest.raises(OSError, match=r"no room for the event file .*events to grow to 2 MiB \(0 KiB free"):
+        for i in range(1, 20_000):
+            f.write(record(i, size=100))
+    monkeypatch.undo()
+    assert len(list(read_raw(tmp_path / "events"))) > 1_000, "what was written before stays readable"
+    f.close()

@@ -99,11 +99,12 @@ def _apply_env(job: Job, rank: int, port: int) -> None:
         **rendezvous.rank_env(rank, job.world_size, job.nodes, port, job.test_id, job.attempt, job.max_restarts),
         "GLOO_SOCKET_IFNAME": "lo",
     }
-    if "OMP_NUM_THREADS" not in job.env:
-        # as torchrun does: N ranks on few cores must not each start a thread per core
+    # as torchrun does: N ranks on few cores must not each start a thread per core
+    one_thread = "OMP_NUM_THREADS" not in job.env
+    if one_thread:
         wanted["OMP_NUM_THREADS"] = "1"
     _set_environ(wanted)
-    if "OMP_NUM_THREADS" not in job.env:
+    if one_thread:
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(1)

@@ -42,6 +42,10 @@ POLL_SECONDS = 0.5
 # a stall is certain once seen; looking again a moment later lets the ranks still on their way
 # reach where they will wait, so that the report shows each rank where it stays
 STALL_SETTLE_SECONDS = 0.1
+# a rank finished while others run: the others most often finish a moment later, and a look
+# for a stall then reads nothing; it is taken only if they have not (looking at once, every
+# rank's events were read once per rank that finished: 56 reads in a passing 8-rank test)
+STALL_LOOK_SECONDS = 0.03
 
 
 class RunWatch:
@@ -72,6 +76,7 @@ class RunWatch:
         self._stalled_since: float | None = None
         self._counts: dict[int, int] = {}
         self._started = self._deadline = self._next_poll = 0.0
+        self._stall_look_at: float | None = None  # a look for a stall only, after a rank finished
         self._failed_at: float | None = None
 
     def start(self) -> None:
@@ -98,7 +103,7 @@ class RunWatch:
             if self._failed_at is not None:
                 wake = min(wake, self._failed_at + self.grace)
             else:
-                wake = min(wake, self._next_poll)
+                wake = min(wake, self._next_poll, self._stall_look_at or wake)
             event = self.launcher.next_event(self.job.test_id, max(wake - time.monotonic(), 0.0))
             if event is None:
                 self._on_tick()
@@ -117,7 +122,11 @@ class RunWatch:
                 self._stop(f"stopped after rank {self.report.first_failure} failed")
         elif now >= self._next_poll:
             self._next_poll = now + self.poll
+            self._stall_look_at = None
             self._look()
+        elif self._stall_look_at is not None and now >= self._stall_look_at:
+            self._stall_look_at = None
+            self._look(stall_only=True)
 
     def _on_note(self, note: protocol.Noted) -> None:
         if note.phase == "debug" and self.lend_terminal is not None:
@@ -143,7 +152,7 @@ class RunWatch:
                 return
             # a failed rank leaves at once: its exit stops the others, as a failure
             if note.status != "failed" and self._failed_at is None and len(self.finished) < self.job.world_size:
-                self._look(stall_only=True)
+                self._stall_look_at = self._stall_look_at or time.monotonic() + STALL_LOOK_SECONDS
 
     def _on_exit(self, ex: RankExit) -> None:
         report = self.report

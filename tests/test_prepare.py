@@ -191,6 +191,7 @@ def test_prepared_ranks_that_died_before_their_test_are_replaced(pytester: pytes
         """
         import os
         import signal
+        import time
         import pytest
         import torch.distributed as dist
         from pytest_ddphooks.launch import procs
@@ -200,8 +201,14 @@ def test_prepared_ranks_that_died_before_their_test_are_replaced(pytester: pytes
             peers = [None, None]
             dist.all_gather_object(peers, os.getpid())
             if rank == 0:
-                prepared = [p for p in procs.children_of(os.getppid()) if p not in peers]
-                assert prepared, "no ranks were being prepared"
+                # the next test's ranks are forked once this test was handed its own: a moment
+                # after this body may have begun, so they are waited for (both of them)
+                deadline = time.monotonic() + 30
+                prepared = []
+                while len(prepared) < 2 and time.monotonic() < deadline:
+                    prepared = [p for p in procs.children_of(os.getppid()) if p not in peers]
+                    time.sleep(0.005)
+                assert len(prepared) == 2, f"the next test's ranks were not being prepared: {prepared}"
                 for pid in prepared:
                     os.kill(pid, signal.SIGKILL)
             dist.barrier()

@@ -5,10 +5,12 @@ multirank tests.
 Coverage: four sessions per round, interleaved: N 2-rank multirank tests that call a function
 of a small package, with and without ``--cov``, and N plain tests calling the same function,
 with and without. Each session measures its own test loop from inside (a ``conftest.py`` of
-the generated suite, reading only clocks and ``/proc``): from the first test's start to the last
-test's end, the CPU of the pytest process and of every process under it (the fork server, and
-the ranks it reaped, read once more as the session finishes, when every rank was reaped), and the
-wall; divided by N.
+the generated suite, reading only clocks and ``/proc``): from the second test's start to the
+last test's end (the first test starts the fork server, whose one-time start-up is the
+session's), the CPU of the pytest process, of the fork server, and of the ranks, and the wall;
+divided by N - 1. The ranks' CPU is taken in each rank as it leaves, and counted by its median (a
+rank's CPU varies by +-0.5 ms from session to session on this machine, which swamps a
+difference of 1 ms in the sum of the reaped ranks; that sum is given too).
 Starting the interpreter, importing torch, coverage's start and report are outside the loop,
 so they neither count nor add their noise (in sessions of a few seconds they used to swamp a
 plain test's 1 ms). What ``--cov`` adds is taken round by round (the two sessions of a kind run
@@ -44,6 +46,8 @@ from _common import (
 
 sys.path.insert(0, str(ROOT / "tests"))
 
+WORLD_SIZE = 2
+
 PACKAGE = """
 def on_rank(rank, world_size):
     if rank == 0:
@@ -61,7 +65,7 @@ import mypkg
 
 
 @pytest.mark.parametrize("i", range({n}))
-@pytest.mark.multirank(world_size=2)
+@pytest.mark.multirank(world_size={world_size})
 def test_ranks(i, rank, world_size):
     assert mypkg.on_rank(rank, world_size) is not None
 """
@@ -82,18 +86,38 @@ def test_plain(i):
 LOOP_PROBE = """
 import json
 import os
+import resource
 import time
 
 import pytest
+
+# Each rank's CPU up to its exit (user + system, all its threads), one line per rank: a median
+# over hundreds of ranks is steady where the sum of the reaped ranks' CPU carries the noise of
+# every slow one. A benchmark's probe into the harness: the rank's own last call is wrapped.
+_RANKS_OUT = os.environ.get("BENCH_RANKS_OUT")
+if _RANKS_OUT:
+    import pytest_ddphooks.launch.rank as _rank
+
+    _leave = _rank._leave
+
+    def _leave_counted(code):
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        fd = os.open(_RANKS_OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, f"{used.ru_utime + used.ru_stime}\\n".encode())
+        os.close(fd)
+        _leave(code)
+
+    _rank._leave = _leave_counted
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _first = None
 _last = None
 _items = 0
+_seen = False
 
 
 def _under_us():
-    total = 0.0
+    own = reaped = 0.0
     me = os.getpid()
     for tid in os.listdir(f"/proc/{me}/task"):
         try:
@@ -107,8 +131,9 @@ def _under_us():
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
-    return total
+            own += (int(fields[11]) + int(fields[12])) / _TICK
+            reaped += (int(fields[13]) + int(fields[14])) / _TICK
+    return own, reaped
 
 
 def _clocks():
@@ -117,12 +142,18 @@ def _clocks():
 
 def pytest_runtest_logstart(nodeid, location):
     global _first
-    if _first is None:
-        _first = {**_clocks(), "under": _under_us()}
+    # from the second test on: the first one starts the fork server, whose one-time start-up
+    # (huge pages for its memory: 0.1-0.3 s of CPU) is the session's, not a test's
+    if _first is None and _seen:
+        own, reaped = _under_us()
+        _first = {**_clocks(), "server": own, "reaped": reaped}
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    global _last, _items
+    global _last, _items, _seen
+    _seen = True
+    if _first is None:
+        return
     _items += 1
     _last = _clocks()  # only clocks here: reading /proc would add work inside the loop measured
 
@@ -131,7 +162,7 @@ def pytest_runtest_logfinish(nodeid, location):
 def pytest_sessionfinish(session):
     # the ranks of the last tests were reaped as the test loop ended; the fork server still runs
     if _last is not None:
-        _last["under"] = _under_us()
+        _last["server"], _last["reaped"] = _under_us()
     yield
 
 
@@ -151,28 +182,37 @@ def coverage_cost(n: int, repeats: int, keep: bool) -> dict[str, list[dict[str, 
     files = {
         "mypkg/__init__.py": PACKAGE,
         "conftest.py": LOOP_PROBE,
-        "test_multirank.py": MULTIRANK.format(n=n),
+        "test_multirank.py": MULTIRANK.format(n=n, world_size=WORLD_SIZE),
         "test_plain.py": PLAIN.format(n=n),
     }
     loops: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     with Suite(files, keep=keep) as suite:
         out = str(suite.dir / "loop.json")
-        env = {"PYTHONPATH": str(suite.dir), "BENCH_LOOP_OUT": out}
+        ranks_out = suite.dir / "ranks.txt"
+        env = {"PYTHONPATH": str(suite.dir), "BENCH_LOOP_OUT": out, "BENCH_RANKS_OUT": str(ranks_out)}
         suite.run_ok("test_multirank.py", "--cov=mypkg", expect=n, env=env)  # warm-up
         for r, variant in interleaved(repeats, VARIANTS):
             progress(f"round {r + 1}/{repeats}: {variant}, {n} tests")
             kind, *cov = variant.split()
             args = [f"test_{kind}.py", *(["--cov=mypkg", "--cov-report="] if cov else [])]
+            ranks_out.unlink(missing_ok=True)
             suite.run_ok(*args, expect=n, env=env)
             with open(out, encoding="utf-8") as f:
                 loop = json.load(f)
             items = loop["items"]
+            rank_cpu = [float(x) for x in ranks_out.read_text().split()] if ranks_out.exists() else []
+            # a rank's median, times the ranks of a test (a set of ranks prepared for a test that
+            # never came, at the session's end, is among them: the median is not moved by it)
+            ranks = median(rank_cpu) * WORLD_SIZE if rank_cpu else 0.0
             loops[variant].append(
                 {
                     "wall": loop["wall"] / items,
                     "pytest": loop["own"] / items,
-                    "under": loop["under"] / items,
-                    "cpu": (loop["own"] + loop["under"]) / items,
+                    "server": loop["server"] / items,
+                    "ranks": ranks,
+                    "reaped": loop["reaped"] / items,
+                    "cpu": (loop["own"] + loop["server"]) / items + ranks,
+                    "sums": (loop["own"] + loop["server"] + loop["reaped"]) / items,
                 }
             )
     return loops
@@ -234,17 +274,19 @@ def main() -> None:
     report = Report("bench_tools", "Coverage of rank code, and the HTML report", args)
 
     loops = coverage_cost(n, repeats, args.keep)
-    of_all = ("wall", "pytest", "under", "cpu")
+    of_all = ("wall", "pytest", "server", "ranks", "cpu", "sums")
     rows = [[v, repeats, *(ms(median([loop[of] for loop in loops[v]])) for of in of_all)] for v in VARIANTS]
     by_round = {(kind, of): _added_by_round(loops, kind, of) for kind in ("multirank", "plain") for of in of_all}
     labels = {
         "wall": "wall",
-        "cpu": "CPU of every process",
+        "cpu": "CPU of every process (pytest, fork server, ranks by their median)",
         "pytest": "CPU of the pytest process (information)",
-        "under": "CPU of the processes under it: fork server and ranks (information)",
+        "server": "CPU of the fork server (information)",
+        "ranks": "CPU of the ranks, by their median (information)",
+        "sums": "CPU of every process, the reaped ranks' sum instead of their median (information)",
     }
     figures = []
-    for of in ("wall", "cpu", "pytest", "under"):
+    for of in ("wall", "cpu", "pytest", "server", "ranks", "sums"):
         mr, pl = median(by_round[("multirank", of)]), median(by_round[("plain", of)])
         judged = of in ("wall", "cpu")
         figures.append(
@@ -260,7 +302,16 @@ def main() -> None:
     report.section(
         f"Coverage: sessions of {n} tests calling the same function, with and without --cov",
         table(
-            ["session", "repeats", "per test: wall", "pytest CPU", "CPU under it", "all CPU"],
+            [
+                "session",
+                "repeats",
+                "per test: wall",
+                "pytest CPU",
+                "fork server CPU",
+                "ranks CPU (median x2)",
+                "all CPU",
+                "all CPU (ranks summed)",
+            ],
             rows,
         )
         + "\n\n"
@@ -276,10 +327,17 @@ def main() -> None:
             figures,
         ),
         [
-            "Per test: the session's test loop, from the first test's start to the last test's end,"
-            " measured by the session itself (a conftest.py reading clocks and /proc), over the N"
-            " tests; the first table gives the median of each session over the rounds. CPU under"
-            " the pytest process: the fork server's own and that of the ranks it reaped. What --cov"
+            "Per test: the session's test loop, from the second test's start to the last test's end"
+            " (the first test starts the fork server: its one-time start-up, moving its memory into"
+            " huge pages, costs 0.1-0.3 s of CPU, more under --cov, and was counted as 1-1.6 ms a"
+            " test of the fork server's before), measured by the session itself (a conftest.py"
+            " reading clocks and /proc), over those N - 1 tests; the first table gives the median"
+            " of each session over the rounds. The fork"
+            " server's CPU is its own; the ranks' is each rank's CPU up to its exit (read in the"
+            " rank: the generated conftest.py wraps its last call), their median over the session"
+            " times the 2 ranks of a test: the sum of the reaped ranks' CPU, also given, carries"
+            " the noise of every slow rank of this machine (+-0.5 ms a rank from session to"
+            " session), which swamps a difference of 1 ms. What --cov"
             " adds is taken round by round from the two sessions of a kind run one after the other;"
             " the figure is the median over the rounds. 'No more than plain' allows 1 ms.",
             "Each rank measures only the test's own code (fixtures, body, finalizers): the fork server"

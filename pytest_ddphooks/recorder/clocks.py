@@ -60,6 +60,15 @@ class Instance:
         return any("error" in e.info for e in (*self.ends.values(), *self.waits.values()))
 
     @property
+    def empty(self) -> bool:
+        """Some member's payload has no element: gloo returns from such a call (an all-reduce,
+        an all-gather, a reduce's root) without hearing from the others, so it orders nothing
+        (nor, for safety, through any other collective op; a send or receive still waits)."""
+        if self.sync in (collectives.SEND, collectives.RECV) or self.key[0] == "p":
+            return False
+        return any(collectives.no_elements(e.info.get("payload")) for e in self.starts.values())
+
+    @property
     def native(self) -> bool:
         """Some member issued it from native code, which waits for it out of sight."""
         return any(e.info.get("native") for e in self.starts.values())
@@ -101,7 +110,7 @@ class Instance:
             if send is None or recv_done is None or self.errored:
                 return []
             return [(recv_done, [send])]
-        if not self.complete or not self.consistent or self.errored:
+        if not self.complete or not self.consistent or self.errored or self.empty:
             return []
         out: list[tuple[Event, list[Event]]] = []
         if self.sync == collectives.ALL:

@@ -183,6 +183,12 @@ def payload_elements(payload: Any) -> tuple[tuple[str, int], ...] | Any:
     return tuple(items * times)
 
 
+def no_elements(payload: Any) -> bool:
+    """The payload is tensors with no element at all (``float32[0]``, ``[int64[0,4] x2]``)."""
+    elements = payload_elements(payload)
+    return isinstance(elements, tuple) and bool(elements) and not any(n for _, n in elements)
+
+
 def comparable(op: str, info: Mapping[str, Any], loose: bool = False) -> tuple[Any, ...]:
     """What must be equal on every member for two calls to be the same collective: what the
     backend itself checks (op, dtype, element count, root, reduce op), through any API. With

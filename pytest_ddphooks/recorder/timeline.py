@@ -87,6 +87,14 @@ def parse_selector(selector: str) -> tuple[str, tuple[int, ...] | None]:
     return selector, None
 
 
+def _absent_on(ranks: tuple[int, ...] | None, found: Sequence[Span]) -> tuple[int, ...]:
+    """The ranks named in a selector on which none of its events was recorded."""
+    if ranks is None:
+        return ()
+    seen = {s.rank for s in found}
+    return tuple(sorted({r for r in ranks if r not in seen}))
+
+
 def _where(ranks: tuple[int, ...] | None) -> str:
     if ranks is None:
         return "any rank"
@@ -170,8 +178,10 @@ class Timeline:
 
     def happens_before(self, a: str, b: str) -> bool:
         """Whether every ``a`` ends before any ``b`` starts, through synchronisation."""
-        _, _, first = self._select(a)
-        _, _, then = self._select(b)
+        _, ranks_a, first = self._select(a)
+        _, ranks_b, then = self._select(b)
+        if _absent_on(ranks_a, first) or _absent_on(ranks_b, then):
+            return False
         return bool(first and then) and not self._violations(first, then)
 
     def _violations(self, first: list[Span], then: list[Span]) -> list[tuple[Span, Span]]:
@@ -192,10 +202,11 @@ class Timeline:
         __tracebackhide__ = True
         name_a, ranks_a, first = self._select(a)
         name_b, ranks_b, then = self._select(b)
-        if not first:
-            self._fail(f"{a!r} does not happen before {b!r}: no {name_a!r} was recorded on {_where(ranks_a)}")
-        if not then:
-            self._fail(f"{a!r} does not happen before {b!r}: no {name_b!r} was recorded on {_where(ranks_b)}")
+        for name, ranks, found in ((name_a, ranks_a, first), (name_b, ranks_b, then)):
+            absent = _absent_on(ranks, found) if found else ranks
+            if not found or absent:
+                # a rank named in the selector must have the event: skipping it would prove nothing
+                self._fail(f"{a!r} does not happen before {b!r}: no {name!r} was recorded on {_where(absent)}")
         bad = self._violations(first, then)
         if not bad:
             return
@@ -289,6 +300,11 @@ class Timeline:
         raised = sorted(r for r, e in inst.ends.items() if "error" in e.info)
         if raised:
             return f"{label}, which raised on rank {','.join(str(r) for r in raised)}"
+        if inst.empty:
+            return (
+                f"{label}, on a tensor with no element: gloo returns from it without waiting for"
+                " the other ranks, so it orders nothing"
+            )
         native = sorted(r for r, e in inst.starts.items() if e.info.get("native"))
         if native:
             api = inst.starts[native[0]].info.get("native")
@@ -391,21 +407,31 @@ class Timeline:
                     reason = "issued no collective: the process group existed but no collective was called"
             elif self._only_unwaited(s):
                 reason = "issued only asynchronous collectives, and nobody waited for them"
+            elif self._only_empty(s):
+                reason = "issued only collectives on tensors with no element, which wait for nobody"
             else:
                 continue
             out.append(NoopBarrier(s.rank, s.name, s.start.index, reason))
         return out
 
-    def _only_unwaited(self, barrier: Span) -> bool:
+    def _inside(self, barrier: Span) -> list[Instance]:
+        """The collectives the rank issued during a framework barrier."""
         assert barrier.end is not None
-        inside = [
+        return [
             inst
             for inst in self.instances.values()
             if barrier.rank in inst.starts
             and inst.starts[barrier.rank].lane == barrier.start.lane
             and barrier.start.index < inst.starts[barrier.rank].index < barrier.end.index
         ]
+
+    def _only_unwaited(self, barrier: Span) -> bool:
+        inside = self._inside(barrier)
         return bool(inside) and all(inst.completion(barrier.rank) is None and not inst.native for inst in inside)
+
+    def _only_empty(self, barrier: Span) -> bool:
+        inside = self._inside(barrier)
+        return bool(inside) and all(inst.empty for inst in inside)
 
     def never_waited(self) -> list[str]:
         """Asynchronous collectives and sends/receives whose completion no rank waited for."""

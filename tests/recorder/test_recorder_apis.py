@@ -390,3 +390,41 @@ def test_future(rank, recorder):
     )
     result.assert_outcomes(passed=1)
     result.stdout.no_fnmatch_line("*NeverWaitedWarning*")
+
+
+def test_a_collective_on_an_empty_tensor_orders_nothing(pytester) -> None:
+    """gloo returns from an all-reduce of no element at once, without the other ranks: a
+    framework barrier made of one is a no-op, and no order is proven through it. The same
+    barrier on one element orders (silent)."""
+    result = run(
+        pytester,
+        """
+class Strategy:
+    def __init__(self, elements):
+        self.elements = elements
+
+    def barrier(self):
+        dist.all_reduce(torch.zeros(self.elements))
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("elements", [0, 1])
+def test_barrier_of(rank, recorder, elements):
+    strategy = Strategy(elements)
+    recorder.instrument_barrier(strategy, "barrier")
+    if rank == 0:
+        recorder.mark("prepare_data")
+    strategy.barrier()
+    recorder.mark("setup")
+    tl = recorder.timeline()
+    if elements:
+        tl.assert_happens_before("prepare_data@0", "setup")
+        assert tl.noop_barriers() == []
+        return
+    with pytest.raises(TimelineAssertionError, match="on a tensor with no element: gloo returns from it"):
+        tl.assert_happens_before("prepare_data@0", "setup@1")
+    assert [nb.reason for nb in tl.noop_barriers()] == [
+        "issued only collectives on tensors with no element, which wait for nobody"
+    ] * 2
+""",
+    )
+    result.assert_outcomes(passed=2)

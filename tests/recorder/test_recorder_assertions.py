@@ -53,6 +53,24 @@ def test_selectors_pick_ranks() -> None:
     assert tl.happens_before("setup@0", "only_two@2") is False
 
 
+def test_a_rank_named_in_a_selector_must_have_the_event() -> None:
+    """``"setup@0,2"`` with no setup on rank 2 proves nothing about rank 2: refused, as
+    ``"setup@2"`` alone is, never passed on the ranks that remain."""
+    sim = Sim(3)
+    sim.mark(0, "prepare_data")
+    sim.coll("barrier")
+    for r in (0, 1):
+        sim.mark(r, "setup")
+    tl = sim.timeline()
+    tl.assert_happens_before("prepare_data@0", "setup@0,1")  # silent: both named ranks have it
+    with pytest.raises(TimelineAssertionError, match="'setup@0,2': no 'setup' was recorded on rank 2\n"):
+        tl.assert_happens_before("prepare_data@0", "setup@0,2")
+    with pytest.raises(TimelineAssertionError, match="no 'prepare_data' was recorded on rank 2\n"):
+        tl.assert_happens_before("prepare_data@0,2", "setup")
+    assert tl.happens_before("prepare_data@0", "setup@0,1") is True
+    assert tl.happens_before("prepare_data@0", "setup@0,2") is False
+
+
 # -- assert_order -----------------------------------------------------------------------------
 
 

@@ -284,6 +284,37 @@ def test_a_collective_that_raised_adds_no_edge() -> None:
         tl.assert_happens_before("pre1", "post0")
 
 
+EMPTY = [
+    ("all_reduce", "float32[0]", "SUM", None),
+    ("all_gather_into_tensor", "float32[0,4]", None, None),
+    ("all_gather", "[float32[0] x2]", None, None),
+    ("reduce", "float32[0]", "SUM", 1),
+    ("broadcast", "int64[0]", None, 0),
+]
+
+
+@pytest.mark.parametrize(("op", "payload", "reduce_op", "root"), EMPTY, ids=[e[0] for e in EMPTY])
+def test_a_collective_on_a_tensor_with_no_element_adds_no_edge(
+    op: str, payload: str, reduce_op: str | None, root: int | None
+) -> None:
+    """gloo returns from an all-reduce (an all-gather, a reduce's root) of no element without
+    hearing from the others: such a call orders nothing, whichever op it is."""
+    sim = Sim(2)
+    tl = around(sim, [0, 1], lambda: sim.coll(op, payload=payload, reduce_op=reduce_op, root=root))
+    assert reach(tl, [0, 1]) == set()
+    with pytest.raises(TimelineAssertionError, match="on a tensor with no element: gloo returns from it without"):
+        tl.assert_happens_before("pre0", "post1")
+
+
+def test_a_collective_on_a_tensor_with_elements_still_orders() -> None:
+    sim = Sim(2)
+    tl = around(sim, [0, 1], lambda: sim.coll("all_reduce", payload="float32[0,4]", reduce_op="SUM"))
+    assert reach(tl, [0, 1]) == set()
+    sim = Sim(2)
+    tl = around(sim, [0, 1], lambda: sim.coll("all_reduce", payload="float32[1,4]", reduce_op="SUM"))
+    assert reach(tl, [0, 1]) == pairs([0, 1])
+
+
 def test_a_recv_that_raised_adds_no_edge() -> None:
     sim = Sim(2)
 

@@ -111,6 +111,7 @@ class RunReport:
     fired: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> injected faults that acted
     held: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> where its schedule held it
     began_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its recorder began (time_ns)
+    ended_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its body had ended (time_ns)
     duration: float = 0.0
     stopped_at_ns: int = 0
     prepared: bool = False  # the ranks were set up before the test came (``--ddp-prepare``)

@@ -116,8 +116,15 @@ class Profile:
     ranks: dict[int, list[Segment]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, by_rank: Mapping[int, Sequence[events.Event]], began_ns: Mapping[int, int]) -> Profile:
-        """``began_ns``: when each rank began (its point 0), on the events' clock."""
+    def of(
+        cls,
+        by_rank: Mapping[int, Sequence[events.Event]],
+        began_ns: Mapping[int, int],
+        ended_ns: Mapping[int, int] | None = None,
+    ) -> Profile:
+        """``began_ns``: when each rank began (its point 0), on the events' clock;
+        ``ended_ns``: when its body ended. The last segment lasts until then: what a rank does
+        after its last recorded point (a read of what another rank wrote) races too."""
         profile = cls()
         for rank, evs in by_rank.items():
             segments: list[Segment] = []
@@ -133,7 +140,8 @@ class Profile:
                 else:
                     points += 1
                 last = e.t_ns
-            segments.append(_segment(points, started, last))
+            ended = (ended_ns or {}).get(rank)
+            segments.append(_segment(points, started, max(last or 0, ended or 0) or None))
             profile.ranks[rank] = [
                 dataclasses.replace(s, until_ns=nxt.start_ns) for s, nxt in itertools.pairwise(segments)
             ] + [dataclasses.replace(segments[-1], until_ns=segments[-1].end_ns)]

@@ -69,6 +69,19 @@ def test_exploration_finds_a_race_the_test_does_not_assert(inner) -> None:
     ran.lines("FAILED test_inner.py::test_read_without_barrier - failed under schedule *")
 
 
+def test_a_race_after_the_last_recorded_point_is_found_too(inner) -> None:
+    """Nothing is recorded after rank 1's read: the time from its last point to the end of its
+    body is a segment of the plain run all the same, and the holds outlast it."""
+    race = RACE.replace("    dist.barrier()\n", "").replace("import torch.distributed as dist\n", "")
+    race = race.replace("busy(300_000)", "busy(3_000_000)")  # ~0.15 s: 10x the shortest hold
+    assert "dist.barrier()\n" not in race
+    inner(race).result.assert_outcomes(passed=1)
+    ran = inner(race, "--ddp-explore=20")
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("failed under schedule * of 20 (seed 0x*); replay with --ddp-schedule=0x*")
+    ran.lines("  rank 1: failed: FileNotFoundError: *data.txt*")
+
+
 def test_the_seed_a_failure_names_replays_it(inner) -> None:
     found = inner(RACE, "--ddp-explore=20")
     seed = _seed(found.text)

@@ -303,6 +303,8 @@ class RunWatch:
             if recs:
                 report.began_ns[r] = int(recs[0][1])  # the log's first record: its main thread's name
             for rec in recs:
+                if rec[3] == events.COUNTERS:  # written once the body (and its finalizers) ended
+                    report.ended_ns[r] = int(rec[1])
                 which = watch_only.get(rec[3])
                 if which is not None:
                     which.setdefault(r, []).append(dict(rec[6] or {}))

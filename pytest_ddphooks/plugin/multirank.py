@@ -381,7 +381,9 @@ class MultirankHooks:
         """Run the passed test again under each schedule of ``plan``: the report and verdict of
         the first it fails under, or None when it passes them all."""
         assert active.job is not None and plain.timeline is not None
-        profile = Profile.of({r: plain.timeline.for_rank(r) for r in plain.timeline.ranks}, plain.began_ns)
+        profile = Profile.of(
+            {r: plain.timeline.for_rank(r) for r in plain.timeline.ranks}, plain.began_ns, plain.ended_ns
+        )
         plain_job = active.job
         for index, seed in enumerate(plan.seeds, 1):
             plan.restore()

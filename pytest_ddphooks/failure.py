@@ -260,7 +260,12 @@ def _unfired(report: RunReport) -> list[str]:
             continue  # it did not finish: whatever ended it is the story
         fired = {info.get("fault") for info in report.fired.get(rank, [])}
         for info in armed:
-            if info.get("call") not in fired:
+            if "later" in info:
+                out.append(
+                    f"injected fault {info.get('fault')} never fired: attempt {info['later']} never ran"
+                    f" (the test ended in attempt {info.get('now')})"
+                )
+            elif info.get("call") not in fired:
                 out.append(
                     f"injected fault {info.get('fault')} never fired: {_calls_of(report, rank, str(info['at']))}"
                 )

@@ -191,6 +191,12 @@ class Faults:
                 events.ARMED,
                 {"fault": fault.armed_as(self.rank), "call": fault.call, "at": fault.at.text, "sign": fault.sign},
             )
+        elif self.rank in fault.ranks and fault.attempt > self.attempt:
+            # for an attempt to come: if the test ends in this one, the fault never fires
+            self._log.write_watch_only(
+                events.ARMED,
+                {"fault": fault.armed_as(self.rank), "at": fault.at.text, "later": fault.attempt, "now": self.attempt},
+            )
         return fault
 
     def kill(self, rank: Any, at: str, signal: Any = "SIGKILL", *, attempt: int = 0) -> Fault:

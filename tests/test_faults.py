@@ -64,9 +64,15 @@ def test_one_step_only(rank, faults):
 @pytest.mark.multirank(world_size=2, timeout=30)
 def test_a_mark_never_made(rank, faults, recorder):
     faults.delay(rank=0, at="mark:checkpoint", seconds=0.1)
+
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=30)
+def test_an_attempt_that_never_comes(rank, faults, recorder):
+    faults.kill(rank=0, at="mark:x", attempt=1)  # nothing dies in attempt 0: no attempt 1
+    recorder.mark("x")
 """
     )
-    ran.result.assert_outcomes(failed=2)
+    ran.result.assert_outcomes(failed=3)
+    ran.lines("injected fault kill(rank=0, at='mark:x') never fired: attempt 1 never ran (the test ended in attempt 0)")
     ran.lines("injected fault kill(rank=1, at='dist.all_reduce#2') never fired: rank 1 made 1 all_reduce call")
     ran.lines(
         "injected fault delay(rank=0, at='mark:checkpoint', seconds=0.1) never fired:"

@@ -18,7 +18,7 @@ def busy(n):
 class Data(RegressionDataModule):
     def setup(self, stage):
         if self.trainer.global_rank != 0:
-            busy(300_000)  # a tokenizer to load first: the other ranks read late, and the bugs hide
+            busy(3_000_000)  # a tokenizer to load first (~0.15 s): the other ranks read late, the bugs hide
         super().setup(stage)
 
 

@@ -246,3 +246,32 @@ def test_special_interpreter_ends_with_its_test_so_only_a_process_it_started_is_
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(leak_report)
     result.stdout.no_fnmatch_line("*test_leaves_global_state leaked*")
+
+
+def test_a_special_test_that_skips_is_reported_like_any_skip(pytester, tmp_path) -> None:
+    """A skip's location comes back from the special interpreter through JSON: the short
+    summary (-rs) and junitxml take it as pytest's own, and the session goes on."""
+    pytester.makepyfile(
+        test_skips="""
+        import pytest
+
+        @pytest.mark.special
+        def test_special_skip():
+            pytest.skip("skipping inside special")
+
+        @pytest.mark.special
+        @pytest.mark.skipif(True, reason="skipif on a special test")
+        def test_special_skipif():
+            pass
+
+        def test_after():
+            pass
+        """
+    )
+    xml = tmp_path / "junit.xml"
+    result = pytester.runpytest_subprocess("-rs", f"--junitxml={xml}")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_skips.py:*: skipping inside special"])
+    assert result.ret == 0
+    skipped = [c.get("name") for c in ET.parse(xml).getroot().iter("testcase") if c.find("skipped") is not None]
+    assert sorted(skipped) == ["test_special_skip", "test_special_skipif"]

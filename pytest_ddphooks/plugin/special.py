@@ -160,6 +160,10 @@ class SpecialHooks:
                 rep = self.config.hook.pytest_report_from_serializable(config=self.config, data=message["report"])
                 if isinstance(rep, TestReport):
                     rep.nodeid = item.nodeid
+                    if isinstance(rep.longrepr, list):
+                        # a skip's (path, line, reason) came through JSON as a list: the
+                        # terminal's summary and junitxml take only the tuple
+                        rep.longrepr = tuple(rep.longrepr)
                     reports.append(rep)
         relay_warnings(item, [m["warning"] for m in run.messages if m.get("event") == "warning"])
         problem = self._problem(item, run, limit)

@@ -51,6 +51,7 @@ MAX_HOLD = 1.0
 MAX_SEGMENTS = 16  # perturbed per schedule: a long test gets a random choice of its segments
 CHANGE = 0.25  # the chance that the ranks' priorities are drawn again at a segment
 RANK_START = "the rank's start"
+_NEVER = 1 << 63  # the end of a rank's last segment: no synchronisation follows it
 
 
 EXPLORE_UNDER_TORCHRUN = (
@@ -103,6 +104,7 @@ class Segment:
     start_ns: int  # its start, and its last point (where the rank enters the next collective)
     end_ns: int
     until_ns: int = 0  # when the next one began: the collective that ends it returned
+    opened_ns: int = 0  # when the collective that began it returned: 0 for a rank's first
 
     @property
     def seconds(self) -> float:
@@ -142,9 +144,13 @@ class Profile:
                 last = e.t_ns
             ended = (ended_ns or {}).get(rank)
             segments.append(_segment(points, started, max(last or 0, ended or 0) or None))
+            # a rank's first segment follows no synchronisation and its last precedes none: their
+            # ends are when this rank started and stopped, which order nothing against the others
+            bounded = [dataclasses.replace(s, opened_ns=s.start_ns) for s in segments[1:]]
+            segments = [segments[0], *bounded]
             profile.ranks[rank] = [
                 dataclasses.replace(s, until_ns=nxt.start_ns) for s, nxt in itertools.pairwise(segments)
-            ] + [dataclasses.replace(segments[-1], until_ns=segments[-1].end_ns)]
+            ] + [dataclasses.replace(segments[-1], until_ns=_NEVER)]
         return profile
 
     @property
@@ -173,10 +179,11 @@ def _segment(points: int, start: int | None, end: int | None) -> Segment:
 
 
 def _overlap(a: Segment, b: Segment) -> bool:
-    """Whether two ranks' segments ran at the same time, each until its collective returned:
-    what one does between two synchronisations can race with anything the other does between
-    the same two, however quickly either got through its own part."""
-    return a.start_ns <= b.until_ns and b.start_ns <= a.until_ns
+    """Whether two ranks' segments ran at the same time, each from the collective that began
+    it until the one that ends it returned: what one does between two synchronisations can race
+    with anything the other does between the same two, however quickly either got through its
+    own part (and a rank's first part with another's first part, however late either started)."""
+    return a.opened_ns <= b.until_ns and b.opened_ns <= a.until_ns
 
 
 def _is_point(kind: str, lane: int, info: Mapping[str, Any] | None) -> bool:

@@ -57,6 +57,22 @@ def test_a_profile_counts_points_and_spans_by_segment() -> None:
     assert profile.unit(0, 0) == pytest.approx(1.5 * 0.031 + 0.01)
 
 
+def test_first_and_last_segments_race_however_late_a_rank_started() -> None:
+    """No collective at all: rank 0 wrote and ended before rank 1 even began (a loaded
+    machine starts ranks apart), and rank 1 then read for 150 ms. Nothing synchronised them,
+    so rank 0's one segment can race with rank 1's: its unit must outlast the read."""
+    by_rank = {
+        0: [ev(0, 0, 1, events.MARK, events.POINT, "write")],
+        1: [ev(1, 0, 160, events.MARK, events.POINT, "read")],
+    }
+    profile = Profile.of(by_rank, {0: 0, 1: 10 * MS}, {0: 2 * MS, 1: 160 * MS})
+    assert profile.unit(0, 0) == pytest.approx(1.5 * 0.150 + 0.01)
+    # with a barrier between, the segments after it still race, whoever left the barrier first
+    synced = plain_run()
+    profile = Profile.of(synced, {0: 0, 1: 0}, {0: 34 * MS, 1: 80 * MS})
+    assert profile.unit(0, 1) == pytest.approx(1.5 * 0.048 + 0.01)
+
+
 def test_a_seed_gives_the_same_holds_every_time_and_other_seeds_others() -> None:
     profile = Profile.of(plain_run(), {0: 0, 1: 0})
     assert holds(7, 2, profile) == holds(7, 2, profile)

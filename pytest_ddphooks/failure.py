@@ -76,6 +76,7 @@ class RankFailure:
     after: int | None = None
     fatal: tuple[str, ...] = ()  # a "Fatal Python error" with the test's frames
     stderr_tail: tuple[str, ...] = ()
+    in_teardown: bool = False  # it died after its body passed: in a fixture's teardown
 
 
 @dataclass
@@ -283,21 +284,30 @@ def _phase(report: RunReport, cause: str, failures: list[RankFailure], setup_don
     """Where pytest reports the failure: in the fixture setup or teardown when every rank
     at its root failed there, or stopped before it had set up; else in the call."""
     if cause in (FAILURE, DEATH):
-        results = [f.result for f in failures if f.how != "consequence"]
-        phases = {r.phase for r in results if r is not None}
-        if results and all(r is not None for r in results) and len(phases) == 1:
-            return phases.pop()
-        if setup_done is not None and any(f.result is None and f.rank not in setup_done for f in failures):
-            return "setup"
-        return "call"
+        roots = [f for f in failures if f.how != "consequence"]
+        phases = {_rank_phase(f, setup_done) for f in roots}
+        if len(phases) == 1 and None not in phases:
+            return str(phases.pop())
+        return "setup" if "setup" in phases else "call"
     if setup_done is not None and any(r not in setup_done and r not in report.results for r in report.stopped):
         return "setup"
     return "call"
 
 
-def classify(report: RunReport, setup_done: set[int] | None = None) -> Verdict:
+def _rank_phase(f: RankFailure, setup_done: set[int] | None) -> str | None:
+    """Where one rank failed: its result says; a rank that died without one, what it had
+    reached (None: not known, the call)."""
+    if f.result is not None:
+        return f.result.phase
+    if setup_done is not None and f.rank not in setup_done:
+        return "setup"
+    return "teardown" if f.in_teardown else None
+
+
+def classify(report: RunReport, setup_done: set[int] | None = None, body_passed: set[int] = frozenset()) -> Verdict:
     """The verdict of a run. ``setup_done``: the ranks known to have set up their fixtures
-    (None when the run does not say), to tell a failure during setup from one in the call."""
+    (None when the run does not say), to tell a failure during setup from one in the call;
+    ``body_passed``: those whose body passed, so that dying then was in a fixture's teardown."""
     n = report.world_size
     timeline = report.timeline
     mismatches = timeline.collective_mismatches() if timeline is not None else []
@@ -310,8 +320,11 @@ def classify(report: RunReport, setup_done: set[int] | None = None) -> Verdict:
             ex = report.exits.get(r)
             err = report.outputs.get(r, ("", ""))[1]
             fatal = tuple(fatal_error(err))
+            tail = () if fatal else _tail(err)
             failures.append(
-                RankFailure(r, "died", report.results.get(r), ex, fatal=fatal, stderr_tail=() if fatal else _tail(err))
+                RankFailure(
+                    r, "died", report.results.get(r), ex, fatal=fatal, stderr_tail=tail, in_teardown=r in body_passed
+                )
             )
         elif r in failed:
             how = "failed" if r in primary else "consequence"
@@ -366,7 +379,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None) -> Verdict:
             if report.fired[r]
         ),
     )
-    if failure.phase == "teardown" and cause == FAILURE:
+    if failure.phase == "teardown" and cause in (FAILURE, DEATH):
         return Verdict("passed", teardown=failure)
     return Verdict("failed", failure)
 
@@ -529,9 +542,10 @@ def _harness_thread(t: ThreadStack) -> bool:
 
 
 def _died_lines(rf: RankFailure) -> list[str]:
-    lines = [
-        f"rank {rf.rank} died: {_exit_words(rf.exit)}" + ("" if rf.result is not None else " before it could report")
-    ]
+    when = ""
+    if rf.result is None:
+        when = " in a fixture's teardown, after its body passed" if rf.in_teardown else " before it could report"
+    lines = [f"rank {rf.rank} died: {_exit_words(rf.exit)}{when}"]
     if rf.fatal:
         lines.extend("  " + ln for ln in rf.fatal)
     elif rf.stderr_tail:
@@ -547,7 +561,8 @@ def _summary(f: RunFailure) -> list[str]:
     for r in range(f.world_size):
         rf = by_rank.get(r)
         if rf is not None and rf.how == "died":
-            lines.append(f"  rank {r}: died ({_exit_words(rf.exit)})")
+            where = " in fixture teardown" if rf.in_teardown and rf.result is None else ""
+            lines.append(f"  rank {r}: died{where} ({_exit_words(rf.exit)})")
         elif rf is not None and rf.how == "consequence":
             message = _first(rf.result.message) if rf.result is not None else ""
             lines.append(f"  rank {r}: failed after rank {rf.after}, because its peer went away: {message}")

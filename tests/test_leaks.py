@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import textwrap
 
 import pytest
@@ -152,18 +151,17 @@ def test_warn_mode_warns_with_the_same_words(pytester, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(LEAKS))
-def test_off_mode_checks_nothing(pytester, kind: str, monkeypatch, tmp_path) -> None:
+def test_off_mode_reports_nothing(pytester, kind: str, monkeypatch, tmp_path) -> None:
     leaky, _, _ = LEAKS[kind]
     pid_file = tmp_path / "leaked.pid"
     monkeypatch.setenv("LEAK_PID_FILE", str(pid_file))
     pytester.makepyfile(test_leaky=_module(leaky))
     pytester.makeini("[pytest]\nddp_leaks = off\n")
-    # in its own interpreter: with the guard off, what leaks is left for the process to end
+    # in its own interpreter: a thread the guard cannot stop ends with that process
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    if pid_file.exists():  # nobody else will end it: the guard was off
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
     result.assert_outcomes(passed=2)
     result.stdout.no_fnmatch_line("*leaked*")
+    result.stdout.no_fnmatch_line("*leak guard*")
 
 
 def test_leak_is_cleaned_before_the_next_test(pytester) -> None:
@@ -181,6 +179,10 @@ def test_next_sees_a_clean_process():
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)
+    # off reports nothing, and cleans all the same: the next test never sees the leak
+    result = pytester.runpytest("-p", "no:cacheprovider", "--ddp-leaks=off")
+    result.assert_outcomes(passed=2)
+    result.stdout.no_fnmatch_line("*leaked*")
 
 
 @pytest.mark.ddp_allow_leaks("thread:known-pool", "thread:other")
@@ -210,7 +212,6 @@ def test_marker_allows_only_what_it_names():
     result.stdout.fnmatch_lines(
         ["*test_marker_allows_only_what_it_names leaked*", "  environment variable WORLD_SIZE='2' was set"]
     )
-    import os
 
     os.environ.pop("MASTER_ADDR", None)
 
@@ -223,6 +224,24 @@ def test_bad_allowlist_entry_is_a_usage_error(pytester) -> None:
     result.stderr.fnmatch_lines(
         ["*ddp_leaks_allow*'threads:x'*the kind must be one of group, process, thread, socket, env*"]
     )
+
+
+def test_bad_allow_marker_fails_its_test_at_setup(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.ddp_allow_leaks("threads:x")
+        def test_x():
+            raise AssertionError("must not run")
+
+        def test_after():
+            pass
+        """
+    )
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines("*ERROR at setup of test_x*", "*@pytest.mark.ddp_allow_leaks: *'threads:x'*the kind must be one of group*")
+    ran.no_lines("*must not run*")
 
 
 def test_module_fixture_is_judged_when_its_scope_ends(pytester) -> None:
@@ -394,3 +413,40 @@ def test_unittest_class_resources_are_judged_when_the_class_ends(pytester) -> No
             "  process * is still running: sleep 301",
         ]
     )
+
+
+def test_what_a_wider_fixture_undoes_in_its_teardown_is_no_leak_of_the_last_test(inner) -> None:
+    """The class's fixture sets MASTER_PORT and removes it when the class ends, in the
+    teardown of the class's last test: nothing is reported and nothing is put back, while
+    that test's own leak is still found."""
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        class TestWithPort:
+            @pytest.fixture(scope="class", autouse=True)
+            @classmethod
+            def port(cls):
+                os.environ["MASTER_PORT"] = "29555"
+                yield
+                del os.environ["MASTER_PORT"]
+
+            def test_a(self):
+                assert os.environ["MASTER_PORT"] == "29555"
+
+            def test_last_of_class(self):
+                os.environ["WORLD_SIZE"] = "2"
+
+        def test_next_sees_what_the_fixture_left():
+            assert "MASTER_PORT" not in os.environ
+            assert "WORLD_SIZE" not in os.environ
+        """
+    )
+    ran.result.assert_outcomes(passed=3, errors=1)
+    ran.lines(
+        "*ERROR at teardown of TestWithPort.test_last_of_class*",
+        "test_inner.py::TestWithPort::test_last_of_class leaked (cleaned up before the next test):",
+        "  environment variable WORLD_SIZE='2' was set",
+    )
+    ran.no_lines("*MASTER_PORT*")

@@ -28,6 +28,22 @@ def test_no_ddphooks_turns_it_off(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*fixture 'rank' not found*"])
 
 
+def test_no_ddphooks_where_a_conftest_names_the_plugin_says_how_to_turn_it_off(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest('pytest_plugins = ["pytest_ddphooks.plugin"]')
+    pytester.makepyfile(test_off=BODY)
+    result = pytester.runpytest("-p", "no:ddphooks")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: -p no:ddphooks turns pytest-ddphooks off, but it is also loaded as pytest_ddphooks.plugin"
+            " (pytest_plugins in a conftest, or -p): add -p no:pytest_ddphooks.plugin to turn it off there too"
+        ]
+    )
+    result = pytester.runpytest("-p", "no:ddphooks", "-p", "no:pytest_ddphooks.plugin")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'rank' not found*"])
+
+
 def test_named_in_conftest_and_loaded_by_entry_point_is_harmless(pytester: pytest.Pytester) -> None:
     pytester.makeconftest('pytest_plugins = ["pytest_ddphooks.plugin"]')
     pytester.makepyfile(test_twice=BODY)

@@ -70,3 +70,92 @@ def test_a_rank_s_logs_are_its_own_report_section(inner) -> None:
         "*- Captured log rank 1 call -*",
         "WARNING  trainer:test_inner.py:6 rank 1 is about to fail",
     )
+
+
+def test_autouse_and_usefixtures_fixtures_that_need_the_rank_run_in_each_rank(inner) -> None:
+    """The test names neither fixture; both need ``rank``, so both are set up in every rank,
+    before the body and in pytest's order, and torn down after it."""
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        order = []
+
+        @pytest.fixture(autouse=True)
+        def rank_env(rank, monkeypatch):
+            monkeypatch.setenv("MY_RANK", str(rank))
+            order.append("autouse")
+            yield
+            print(f"autouse torn down on {rank}")
+
+        @pytest.fixture
+        def seeded(rank):
+            order.append(f"seeded {rank}")
+
+        @pytest.mark.usefixtures("seeded")
+        @pytest.mark.multirank(world_size=2)
+        def test_body(rank):
+            assert os.environ["MY_RANK"] == str(rank)
+            assert order == ["autouse", f"seeded {rank}"]
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fails_on_rank_1_to_show_teardown(rank):
+            assert os.environ["MY_RANK"] == str(rank)
+            assert rank == 0
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=1, failed=1)
+    ran.lines("*autouse torn down on 1*")
+    ran.no_lines("*KeyError*MY_RANK*")
+
+
+def test_class_attributes_a_class_fixture_sets_reach_the_ranks(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        class TestWithState:
+            @pytest.fixture(scope="class", autouse=True)
+            @classmethod
+            def state(cls):
+                cls.model = {"layers": 3}
+
+            @pytest.mark.multirank(world_size=2)
+            def test_uses_it(self, rank):
+                assert self.model == {"layers": 3}
+
+        @pytest.fixture(scope="class")
+        def through_request(request):
+            request.cls.optimizer = "sgd"
+
+        @pytest.mark.usefixtures("through_request")
+        class TestThroughRequest:
+            @pytest.mark.multirank(world_size=2)
+            def test_uses_it(self, rank):
+                assert type(self).optimizer == "sgd"
+        """
+    )
+    ran.result.assert_outcomes(passed=2)
+
+
+def test_a_class_attribute_that_cannot_reach_the_ranks_is_named(inner) -> None:
+    ran = inner(
+        """
+        import threading
+        import pytest
+
+        class TestWithLock:
+            @pytest.fixture(scope="class", autouse=True)
+            @classmethod
+            def state(cls):
+                cls.lock = threading.Lock()
+
+            @pytest.mark.multirank(world_size=2)
+            def test_uses_it(self, rank):
+                pass
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("*fixture 'TestWithLock.lock' cannot be sent to the ranks: TypeError: cannot pickle*lock*")

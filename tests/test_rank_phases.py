@@ -76,3 +76,39 @@ def test_a_body_that_fails_is_still_failed_and_fixtures_that_work_stay_quiet(inn
     ran.result.assert_outcomes(failed=1)
     ran.lines("*rank 1: failed: assert 10 == 0*")
     ran.no_lines("*fixture setup*")
+
+
+def test_a_rank_that_dies_in_a_fixture_teardown_is_an_error_in_teardown(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def server(rank):
+            yield
+            if rank == 1:
+                os._exit(3)  # a native library's shutdown that kills the process
+
+        @pytest.mark.multirank(world_size=2)
+        def test_uses_it(rank, server):
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_body_dies(rank):
+            if rank == 0:
+                os._exit(4)
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=1, errors=1, failed=1)
+    ran.lines(
+        "*ERROR at teardown of test_uses_it*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 1: died in fixture teardown (exit code 3)",
+        "",
+        "rank 1 died: exit code 3 in a fixture's teardown, after its body passed",
+    )
+    # a rank that dies in its body is FAILED, as before
+    ran.lines("*_ test_body_dies _*", "multirank test failed on rank 0 of 2", "  rank 0: died (exit code 4)")

@@ -54,3 +54,20 @@ def test_ini_twin(inner, pytester, tmp_path) -> None:
     )
     ran.result.assert_outcomes(failed=1)
     assert [p.name for p in traces.iterdir()] == ["test_inner.py_test_fails.json"]
+
+
+def test_relative_paths_are_read_as_pytest_reads_paths(pytester, monkeypatch) -> None:
+    """In the ini file, relative to the ini file's folder; on the command line, relative to
+    where pytest was run: the same wherever in the project the session is started from."""
+    pytester.makeini("[pytest]\nddp_trace_dir = ci/traces\n")
+    tests = pytester.mkdir("tests")
+    (tests / "test_fails.py").write_text(
+        "import pytest\n\n@pytest.mark.multirank(world_size=2)\ndef test_fails(rank):\n    assert False\n"
+    )
+    monkeypatch.chdir(tests)
+    result = pytester.runpytest("-p", "no:cacheprovider", "test_fails.py")
+    result.assert_outcomes(failed=1)
+    assert [p.name for p in (pytester.path / "ci" / "traces").iterdir()] == ["tests_test_fails.py_test_fails.json"]
+    assert not (tests / "ci").exists()
+    result = pytester.runpytest("-p", "no:cacheprovider", "test_fails.py", "--ddp-trace-dir=here")
+    assert [p.name for p in (tests / "here").iterdir()] == ["tests_test_fails.py_test_fails.json"]

@@ -67,6 +67,7 @@ class RunWatch:
         self.report = RunReport(job.world_size, job.timeout)
         self.pids: dict[int, int] = {}
         self.setup_done: set[int] = set()
+        self.body_passed: set[int] = set()  # with fixtures still to tear down
         self.finished: dict[int, str] = {}  # rank -> its outcome, once its result is written
         self.over = False
         self._progress = RankProgress()
@@ -140,6 +141,8 @@ class RunWatch:
                 self._failed_at += spent
         elif note.phase == "setup" and note.status == "ok":
             self.setup_done.add(note.rank)
+        elif note.phase == "call" and note.status == "passed":
+            self.body_passed.add(note.rank)
         elif note.phase == "done":
             self.finished[note.rank] = note.status
             if note.status == "failed" and self.report.first_failure is None:

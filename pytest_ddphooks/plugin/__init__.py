@@ -30,6 +30,10 @@ from .spmd import SpmdHooks
 distpatch.install()
 
 SESSION_NAME = "ddphooks-session"
+BLOCKED_BUT_NAMED = (
+    "-p no:ddphooks turns pytest-ddphooks off, but it is also loaded as pytest_ddphooks.plugin"
+    " (pytest_plugins in a conftest, or -p): add -p no:pytest_ddphooks.plugin to turn it off there too"
+)
 __all__ = ["faults", "node_tmp_path", "rank", "recorder", "restart_count", "shared_tmp_path", "world_size"]
 
 
@@ -46,7 +50,11 @@ def pytest_configure(config: pytest.Config) -> None:
         # modules an inner session imported, and a second import of torch in one process
         # crashes it; imported by the outer session, torch survives every inner one
         import torch.distributed  # noqa: F401
-    if config.pluginmanager.is_blocked("ddphooks") or config.pluginmanager.has_plugin(SESSION_NAME):
+    if config.pluginmanager.is_blocked("ddphooks"):
+        # blocked, yet loaded under its module's name: half of it (fixtures, no hooks) would
+        # run multirank tests as plain ones
+        raise pytest.UsageError(BLOCKED_BUT_NAMED)
+    if config.pluginmanager.has_plugin(SESSION_NAME):
         return
     settings = Settings.from_config(config)  # a bad value stops the run here, once
     settings.import_preload()

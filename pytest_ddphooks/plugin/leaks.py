@@ -31,6 +31,7 @@ BEFORE_KEY = pytest.StashKey[Snapshot]()
 SCOPED_KEY = pytest.StashKey[list[Any]]()
 AFTER_SETUP_KEY = pytest.StashKey[Snapshot]()
 RANK_LEAKS_KEY = pytest.StashKey[list[Leak]]()
+ALLOW_KEY = pytest.StashKey["Allowlist | None"]()
 ALLOW_MARKER = "ddp_allow_leaks"
 ALLOW_HELP = (
     "ddp_allow_leaks(*entries): let this test leave the named things behind, e.g."
@@ -79,20 +80,31 @@ class LeakHooks:
         self.mode = ddp.settings.leaks
         self.allow = ddp.settings.leaks_allow
         self.pending: list[_Pending] = []
+        self.scope_ending: Snapshot | None = None  # taken as a wider scope's teardown begins
         self.session_report: list[str] = []
         self.relaunched = spmd.relaunched_rank() is not None
         self.late = ddp.late_leaks  # filled by the multirank hooks as the session ends
 
     def _allow_for(self, item: pytest.Item) -> Allowlist | None:
-        """The allowlist of one test, or None when its marker allows everything."""
-        allow = self.allow
+        """The allowlist of one test, or None when its marker allows everything; read at its
+        setup, where a bad entry fails the test before it runs."""
+        if ALLOW_KEY in item.stash:
+            return item.stash[ALLOW_KEY]
+        allow: Allowlist | None = self.allow
+        problem = None
         for mark in item.iter_markers(ALLOW_MARKER):
             if not mark.args:
-                return None
+                allow = None
+                break
             try:
-                allow = allow.extended(mark.args)
+                allow = allow.extended(mark.args) if allow is not None else None
             except ValueError as exc:
-                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{ALLOW_MARKER}: {exc}") from None
+                problem = str(exc)
+                break
+        # a bad marker's test is still checked against the ini's allowlist at its teardown
+        item.stash[ALLOW_KEY] = allow if problem is None else self.allow
+        if problem is not None:
+            pytest.fail(f"@pytest.mark.{ALLOW_MARKER}: {problem}", pytrace=False)
         return allow
 
     @staticmethod
@@ -107,10 +119,14 @@ class LeakHooks:
                 out.append(defs[-1])
         return out
 
+    @pytest.hookimpl(tryfirst=True, specname="pytest_runtest_setup")
+    def pytest_runtest_setup_allow_marker(self, item: pytest.Item) -> None:
+        """Inside every wrapper, before any fixture: a bad entry fails the setup of its test."""
+        self._allow_for(item)
+
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
-        if self.mode == "off":
-            return (yield)
+        # under "off" too: a leak is still cleaned up before the next test, only not reported
         with coverage_relay.HarnessWork():
             item.stash[BEFORE_KEY] = self.guard.snapshot()
         fresh = [fd for fd in self._scoped_fixtures(item) if fd.cached_result is None]
@@ -122,6 +138,22 @@ class LeakHooks:
                 item.stash[SCOPED_KEY] = made
                 with coverage_relay.HarnessWork():
                     item.stash[AFTER_SETUP_KEY] = self.guard.snapshot()
+                self._snapshot_when_scopes_end(item, made)
+
+    def _snapshot_when_scopes_end(self, item: pytest.Item, fixtures: list[Any]) -> None:
+        """What a wider-scoped fixture's teardown undoes (an environment variable it set, then
+        removed) is no leak of the test whose teardown ended the scope: the test is judged
+        on what changed until the scope began to end. Registered after the fixtures, so it
+        runs before their teardown."""
+        live = getattr(getattr(item.session, "_setupstate", None), "stack", None) or {}
+        for node in {self._scope_node(item, fd.scope) for fd in fixtures}:
+            if node in live:
+                node.addfinalizer(self._scope_ends)
+
+    def _scope_ends(self) -> None:
+        if self.scope_ending is None:
+            with coverage_relay.HarnessWork():
+                self.scope_ending = self.guard.snapshot()
 
     def _scope_node(self, item: pytest.Item, scope: str) -> pytest.Node:
         kinds = {"class": pytest.Class, "module": pytest.Module, "package": pytest.Package}
@@ -138,12 +170,13 @@ class LeakHooks:
 
     def _check(self, item: pytest.Item) -> None:
         before = item.stash.get(BEFORE_KEY, None)
+        ending, self.scope_ending = self.scope_ending, None
         # processes a rank left: the rank's launcher has killed them already
         rank_leaks = [Outcome(lk, True, "killed") for lk in item.stash.get(RANK_LEAKS_KEY, [])]
         if before is None:
             self._report(item, rank_leaks, [])
             return
-        leaks = self.guard.find(before)
+        leaks = self.guard.find(before, ending)
         if self.relaunched or (is_special(item) and runs_here(item)):
             # this interpreter ends with the test: what dies with it (its groups, threads,
             # sockets, environment) is no leak; a process it started would outlive it
@@ -207,8 +240,6 @@ class LeakHooks:
         warnings.warn_explicit(LeakWarning(message), LeakWarning, str(path), (lineno or 0) + 1)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.mode == "off":
-            return
         self.session_report.extend(self.late)
         for entry in self.pending:
             still = self._still(entry)
@@ -217,6 +248,8 @@ class LeakHooks:
                 head = f"{entry.owner}, set up for {entry.test}, left behind at the end of the session"
                 self.session_report.extend(describe(head, done, "cleaned up"))
         self.pending.clear()
+        if self.mode == "off":
+            self.session_report.clear()
         if self.session_report and self.mode == "fail" and not self.relaunched and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

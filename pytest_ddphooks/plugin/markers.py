@@ -29,7 +29,7 @@ class MultirankRun:
 
     spec: MultirankSpec
     world_size: int
-    dependent: set[str] = field(default_factory=set)  # fixtures evaluated inside the ranks
+    dependent: list[str] = field(default_factory=list)  # fixtures evaluated inside the ranks, in order
     timeout: float | None = None  # pytest-timeout's value, when it times this test
 
 

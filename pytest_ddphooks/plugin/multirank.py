@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from _pytest.outcomes import Skipped
 
 from .. import coverage_relay
 from ..failure import RunFailure, Verdict, attempt_summary, classify, render
@@ -156,14 +157,17 @@ class MultirankHooks:
     def _skip_without_gpus(self, item: pytest.Item, run: MultirankRun) -> None:
         visible = int(self.ddp.start_launcher(item.session).probe().get("cuda_devices", 0))
         if visible < run.world_size:
-            pytest.skip(f"multirank(backend='nccl') needs {run.world_size} GPUs, {visible} visible")
+            # reported at the test, as a skip marker's is (-rs names its file and line)
+            raise Skipped(
+                f"multirank(backend='nccl') needs {run.world_size} GPUs, {visible} visible", _use_item_location=True
+            )
 
     def _start(self, item: pytest.Function, run: MultirankRun) -> None:
         active = item.stash[ACTIVE_KEY] = _Active()
         try:
             names = rankfixtures.needed_values(item, run.dependent)
             values = rankfixtures.pickle_values(item, names)
-            instance = rankfixtures.pickle_instance(item)
+            instance = rankfixtures.pickle_test_state(item)
         except rankfixtures.FixtureNotSendable as exc:
             active.unsendable = str(exc)
             return
@@ -175,7 +179,7 @@ class MultirankHooks:
     ) -> None:
         markup = bool(self.config.get_terminal_writer().hasmarkup)
         node_dirs = self._node_dirs(item, run)
-        payload = rankbody.ItemPayload(item.nodeid, values, instance, node_dirs, markup)
+        payload = rankbody.ItemPayload(item.nodeid, values, instance, node_dirs, markup, run.dependent)
         settings = self.ddp.settings
         active.exploration = Exploration.plan(
             item.nodeid,
@@ -370,7 +374,9 @@ class MultirankHooks:
         if attempts:
             attempts.append(attempt_summary(report, job.attempt))
             item.add_report_section("call", "attempts", "\n".join(attempts))
-        verdict = classify(report, watch.setup_done if job.attempt == 0 and job.holds is None else None)
+        verdict = classify(
+            report, watch.setup_done if job.attempt == 0 and job.holds is None else None, watch.body_passed
+        )
         if verdict.failure is not None and attempts:
             verdict.failure.attempts = attempts
         return report, verdict

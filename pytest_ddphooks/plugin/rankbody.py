@@ -16,7 +16,7 @@ import pickle
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -31,7 +31,7 @@ from ..faults import Faults
 from ..launch.job import Job
 from ..launch.rank import RankContext
 from ..report import RankResult
-from .rankfixtures import RankFixtures
+from .rankfixtures import RankFixtures, remember_classes, restore_test_state
 
 _items: dict[str, pytest.Function] = {}
 in_rank = False  # True inside a rank process: the plugin then runs bodies itself
@@ -46,11 +46,13 @@ class ItemPayload:
     instance_state: bytes | None
     node_dirs: list[str]
     markup: bool = False
+    dependent: list[str] = field(default_factory=list)  # the fixtures the rank sets up, in order
 
 
 def register_items(items: list[pytest.Item]) -> None:
     """Remember the collected items; the launcher forked from here finds them by node id."""
     _items.clear()
+    remember_classes(items)
     for item in items:
         if isinstance(item, pytest.Function):
             _items[item.nodeid] = item
@@ -143,14 +145,16 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
                     raise RuntimeError(
                         f"fixture {name!r} could not be rebuilt in the rank: {type(exc).__name__}: {exc}"
                     ) from exc
-            if payload.instance_state is not None and getattr(item, "instance", None) is not None:
-                item.instance.__dict__.update(pickle.loads(payload.instance_state))
+            if payload.instance_state is not None:
+                restore_test_state(item, payload.instance_state)
             fixtures = RankFixtures(item, values, builtins)
-            item.funcargs = fixtures.arguments()
+            item.funcargs = fixtures.arguments(payload.dependent)
             ctx.note("setup", "ok")
             phase = "call"
             _lend_breakpoints(ctx)
             item.ihook.pytest_pyfunc_call(pyfuncitem=item)
+            if fixtures.finalizers:  # dying in their teardown is then reported as teardown
+                ctx.note("call", "passed")
         except BaseException as exc:
             error = exc
             if phase != "call":

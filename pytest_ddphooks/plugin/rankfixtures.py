@@ -50,8 +50,9 @@ def _defs(item: pytest.Function, name: str) -> list[Any]:
     return list(item._fixtureinfo.name2fixturedefs.get(name, ()))
 
 
-def rank_dependent(item: pytest.Function) -> set[str]:
-    """Fixtures of the item that must be evaluated in the ranks."""
+def rank_dependent(item: pytest.Function) -> list[str]:
+    """Fixtures of the item that must be evaluated in the ranks, in pytest's setup order
+    (autouse and ``usefixtures`` ones among them: the test does not name those)."""
     memo: dict[tuple[str, int], bool] = {}
 
     def depends(name: str, index: int = -1) -> bool:
@@ -73,15 +74,15 @@ def rank_dependent(item: pytest.Function) -> set[str]:
         memo[key] = result
         return result
 
-    return {name for name in item.fixturenames if depends(name)}
+    return [name for name in item.fixturenames if depends(name)]
 
 
-def prune(item: pytest.Function, dependent: set[str]) -> None:
+def prune(item: pytest.Function, dependent: list[str]) -> None:
     """Keep pytest from setting up, in its own process, what the ranks will evaluate."""
     item.fixturenames = [n for n in item.fixturenames if n not in dependent and n not in RANK_RESOLVED]
 
 
-def needed_values(item: pytest.Function, dependent: set[str]) -> list[str]:
+def needed_values(item: pytest.Function, dependent: list[str]) -> list[str]:
     """Values from the pytest process that the ranks need: test arguments and the inputs of
     the rank-evaluated fixtures."""
     wanted: list[str] = []
@@ -122,18 +123,53 @@ def pickle_values(item: pytest.Function, names: list[str]) -> dict[str, bytes]:
     return out
 
 
-def pickle_instance(item: pytest.Function) -> bytes | None:
-    """A test class instance's attributes (set by fixtures), for the rank's own instance."""
+# each test class's attributes as the rank launcher's copy of the session has them (it is
+# forked when they are taken): what a class fixture sets later must travel (``request.cls.x``)
+_classes_at_fork: dict[type, dict[str, Any]] = {}
+
+
+def remember_classes(items: list[pytest.Item]) -> None:
+    _classes_at_fork.clear()
+    for item in items:
+        cls = getattr(item, "cls", None)
+        if cls is not None and cls not in _classes_at_fork:
+            _classes_at_fork[cls] = dict(vars(cls))
+
+
+def _class_changes(item: pytest.Function) -> dict[str, Any]:
+    cls = getattr(item, "cls", None)
+    before = _classes_at_fork.get(cls) if cls is not None else None
+    if before is None:
+        return {}
+    return {k: v for k, v in vars(cls).items() if k not in before or before[k] is not v}
+
+
+def pickle_test_state(item: pytest.Function) -> bytes | None:
+    """What fixtures set on the test's instance (``self.x``) and class (``request.cls.x``),
+    for the rank's own instance and class."""
     instance = getattr(item, "instance", None)
-    state = getattr(instance, "__dict__", None)
-    if not state:
+    own = dict(getattr(instance, "__dict__", None) or {})
+    shared = _class_changes(item)
+    if not own and not shared:
         return None
-    for key, value in state.items():
-        try:
-            pickle.dumps(value)
-        except Exception as exc:
-            raise FixtureNotSendable(f"self.{key}", f"{type(exc).__name__}: {exc}") from None
-    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    cls_name = getattr(getattr(item, "cls", None), "__name__", "cls")
+    for where, state in (("self", own), (cls_name, shared)):
+        for key, value in state.items():
+            try:
+                pickle.dumps(value)
+            except Exception as exc:
+                raise FixtureNotSendable(f"{where}.{key}", f"{type(exc).__name__}: {exc}") from None
+    return pickle.dumps((own, shared), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def restore_test_state(item: pytest.Function, blob: bytes) -> None:
+    own, shared = pickle.loads(blob)
+    instance = getattr(item, "instance", None)
+    if own and instance is not None:
+        instance.__dict__.update(own)
+    cls = getattr(item, "cls", None)
+    for key, value in shared.items() if cls is not None else ():
+        setattr(cls, key, value)
 
 
 @dataclass
@@ -241,8 +277,11 @@ class RankFixtures:
             return value
         return func(**kwargs)
 
-    def arguments(self) -> dict[str, Any]:
-        """The keyword arguments of the test function."""
+    def arguments(self, dependent: list[str]) -> dict[str, Any]:
+        """The keyword arguments of the test function, once every fixture the ranks evaluate
+        is set up in pytest's order (an autouse one the test does not name too)."""
+        for name in dependent:
+            self.get(name)
         return {name: self.get(name) for name in self.item._fixtureinfo.argnames}
 
     def teardown(self) -> list[BaseException]:

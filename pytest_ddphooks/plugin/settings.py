@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +42,8 @@ class Settings:
             timeout=_timeout(config),
             leaks=_choice(config, "ddp_leaks", ("fail", "warn", "off")),
             leaks_allow=_allowlist(config),
-            trace_dir=_value(config, "ddp_trace_dir")[0] or None,
-            report=_value(config, "ddp_report")[0] or None,
+            trace_dir=_path(config, "ddp_trace_dir"),
+            report=_path(config, "ddp_report"),
             post_mortem=bool(getattr(config.option, "usepdb", False)),
             pdb_rank=_pdb_rank(config),
             preload=tuple(config.getini("ddp_preload")),
@@ -78,6 +79,20 @@ def _value(config: pytest.Config, name: str) -> tuple[Any, str]:
         return given, f"{flag}={given}"
     raw = config.getini(name)
     return raw, f"ini {name} = {raw}"
+
+
+def _path(config: pytest.Config, name: str) -> str | None:
+    """A path as pytest reads one: from the command line relative to where pytest was run,
+    from the ini file relative to that file's folder (as ``testpaths`` and ``cache_dir``)."""
+    given = config.getoption(name)
+    if given:
+        base = config.invocation_params.dir
+    else:
+        given = config.getini(name)
+        if not given:
+            return None
+        base = config.inipath.parent if config.inipath is not None else config.rootpath
+    return os.path.normpath(os.path.join(base, os.path.expanduser(str(given))))
 
 
 def _choice(config: pytest.Config, name: str, choices: tuple[str, ...]) -> str:

@@ -93,6 +93,7 @@ class RunFailure:
     ranks: dict[int, RankState] = field(default_factory=dict)  # every rank when stuck, else the stopped ones
     stuck: bool = False  # the ranks were stopped as a hang (at the limit, or early)
     desynced: bool = False  # stopped early: blocked in collectives that can never match
+    deadlock: list[int] = field(default_factory=list)  # stopped early: these ranks wait for each other
     first_failure: int | None = None
     stall: dict[int, str] = field(default_factory=dict)  # waiting rank -> what it waited in
     left: dict[int, str] = field(default_factory=dict)  # finished rank it waited for -> its outcome
@@ -333,7 +334,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     unfired = _unfired(report)
     if mismatches:
         cause = DESYNC
-    elif report.timed_out or report.desynced:
+    elif report.timed_out or report.desynced or report.deadlock:
         cause = HANG
     elif report.stall is not None:
         cause = STALL
@@ -364,6 +365,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
         ranks=states,
         stuck=report.stuck,
         desynced=report.desynced,
+        deadlock=list(report.deadlock),
         first_failure=report.first_failure,
         stall=_stalled(report, states),
         left=dict(report.stall.left) if report.stall is not None else {},
@@ -503,9 +505,11 @@ def _hang_lines(f: RunFailure) -> list[str]:
         head = [early + " they wait for ranks that finished the test", *("  " + ln for ln in _stall_lines(f))]
     elif f.desynced:
         head = [early + " they are blocked in collectives that can never match"]
+    elif f.deadlock:
+        head = [early + f" {_ranks(f.deadlock)} wait for each other in different collectives (a deadlock)"]
     else:
         head = [f"hang: the test did not finish within {f.limit:g} s ({f.world_size} ranks)"]
-    if f.after_fault and not f.stall and not f.desynced:
+    if f.after_fault and not f.stall and not f.desynced and not f.deadlock:
         head[0] += f", after {f.after_fault}"
     for rank in sorted(f.ranks):
         head.extend("  " + line for line in describe_state(f.ranks[rank], stuck=True))
@@ -584,11 +588,12 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
     if f.stall:
         return _stall_lines(f)[0], None
     if f.stuck:
+        head = f"deadlock of {_ranks(f.deadlock)}" if f.deadlock else f"hang after {f.limit:g} s"
         for rank in sorted(f.ranks):
             st = f.ranks[rank]
             if st.state in _STUCK:
-                return f"hang after {f.limit:g} s; {describe_state(st, stuck=True)[0]}", None
-        return f"hang after {f.limit:g} s", None
+                return f"{head}; {describe_state(st, stuck=True)[0]}", None
+        return head, None
     dead = [rf for rf in f.failures if rf.how == "died"]
     if dead:
         return f"rank {dead[0].rank} died ({_exit_words(dead[0].exit)})", None
@@ -654,7 +659,7 @@ def render(f: RunFailure) -> Rendered:
         lines.extend(["", "where the schedule held the ranks:", *(f"  {h}" for h in f.holds)])
     dead = any(rf.how == "died" for rf in f.failures)
     stopped = any(st.reason for st in f.ranks.values())
-    timed_out = f.stuck and not f.desynced and not f.stall
+    timed_out = f.stuck and not f.desynced and not f.stall and not f.deadlock
     if f.timeline is not None and (f.mismatches or timed_out or f.stall or dead or stopped):
         lines.append("")
         lines.append("recorded timeline:")

@@ -146,6 +146,27 @@ class RankProgress:
             return (key[1], key[2], calls, tuple(self._of(r).count for r in sorted(ranks)))
         return None
 
+    def deadlock(self, live: set[int], world_size: int) -> tuple[object, ...] | None:
+        """Live ranks that wait for each other in different collectives (rank 0 in a barrier
+        of one group that rank 1 never entered, rank 1 in one of another group that rank 0
+        never entered): a cycle of waits that none can leave. The cycle, in rank order, with
+        those ranks' event counts (to tell a stuck state from progress); else None."""
+        blocked: dict[int, dict[str, Any]] = {}
+        for rank in sorted(live):
+            calls = list(self._of(rank).inside.values())
+            # one blocking call on the rank, from Python: the rank can do nothing else
+            if len(calls) == 1 and _blocking_collective(calls[0]):
+                blocked[rank] = calls[0]
+        waits: dict[int, list[int]] = {}
+        for rank, info in blocked.items():
+            members = info.get("ranks") or range(int(info.get("group_size") or world_size))
+            key = collective_key(info)
+            waits[rank] = [m for m in members if m != rank and m in blocked and key not in self._of(m).entered]
+        cycle = _cycle(waits)
+        if cycle is None:
+            return None
+        return (tuple(cycle), tuple(self._of(r).count for r in cycle))
+
     def stalled(self, finished: dict[int, str], live: set[int], world_size: int) -> dict[int, tuple[str, list[int]]]:
         """Live ranks that wait for a rank which finished the test (``finished``: rank -> how)
         and never entered what they wait in: rank -> (what it waits in, those ranks)."""
@@ -190,3 +211,31 @@ class RankProgress:
         if state.final is None or str(key[1]) not in state.final:
             return True  # nothing says it did not: never a stall on a guess
         return int(key[2]) <= state.final[str(key[1])]
+
+
+def _blocking_collective(info: dict[str, Any]) -> bool:
+    p2p = info.get("sync") in (collectives.SEND, collectives.RECV)
+    return bool(info.get("seq")) and not info.get("native") and not p2p
+
+
+def _cycle(waits: dict[int, list[int]]) -> list[int] | None:
+    """The ranks of one cycle in the wait-for graph, sorted; None when it has none."""
+    finished: set[int] = set()
+
+    def visit(node: int, path: list[int]) -> list[int] | None:
+        if node in path:
+            return sorted(path[path.index(node) :])
+        if node in finished:
+            return None
+        for nxt in waits.get(node, ()):
+            found = visit(nxt, [*path, node])
+            if found is not None:
+                return found
+        finished.add(node)
+        return None
+
+    for start in sorted(waits):
+        found = visit(start, [])
+        if found is not None:
+            return found
+    return None

@@ -100,6 +100,7 @@ class RunReport:
     timed_out: bool = False
     desynced: bool = False  # stopped early: blocked in collectives that can never match
     stall: Stall | None = None  # stopped early: waiting for ranks that had finished
+    deadlock: list[int] = field(default_factory=list)  # stopped early: these ranks wait for each other
     first_failure: int | None = None
     stacks: dict[int, Stacks] = field(default_factory=dict)
     frozen: set[int] = field(default_factory=set)  # ranks found stopped (SIGSTOP) when stopped
@@ -120,7 +121,7 @@ class RunReport:
     def stuck(self) -> bool:
         """The ranks were stopped while stuck: at the time limit, in a desync, or waiting for
         ranks that had left."""
-        return self.timed_out or self.desynced or self.stall is not None
+        return self.timed_out or self.desynced or self.stall is not None or bool(self.deadlock)
 
     def taken_out(self, rank: int) -> str | None:
         """How an injected fault took the rank out of the test (``kill``, ``stop``), if one did."""

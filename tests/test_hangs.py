@@ -102,6 +102,43 @@ def test_a_slow_peer_in_a_matching_collective_is_not_stopped_early(inner) -> Non
     ran.no_lines("hang: *")
 
 
+def test_two_groups_entered_in_opposite_orders_are_a_deadlock_said_early(inner) -> None:
+    ran = inner(
+        """
+        import threading
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_opposite_orders(rank):
+            a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
+            first, second = (a, b) if rank == 0 else (b, a)
+            dist.barrier(group=first)
+            dist.barrier(group=second)
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_same_order_but_one_rank_is_late(rank):
+            a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
+            if rank == 1:
+                threading.Event().wait(3)  # rank 0 waits in a's barrier meanwhile: a wait, no cycle
+            dist.barrier(group=a)
+            dist.barrier(group=b)
+        """
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "hang: the ranks were stopped after * s, not at the 60 s limit: ranks 0,1 wait for each other in"
+        " different collectives (a deadlock)",
+        "  rank 0: blocked in barrier #1 on group 1 (ranks 0,1) for * s",
+        "    ranks that never entered barrier #1: 1",
+        "    stuck at test_inner.py:* in test_opposite_orders: dist.barrier(group=first)",
+        "  rank 1: blocked in barrier #1 on group 2 (ranks 0,1) for * s",
+        "    ranks that never entered barrier #1: 0",
+    )
+    ran.lines("FAILED test_inner.py::test_opposite_orders - deadlock of ranks 0,1; rank 0: b*")
+    assert ran.seconds < 30
+
+
 def test_desync_without_a_hang_still_fails(inner) -> None:
     ran = inner(
         """

@@ -240,7 +240,10 @@ def test_bad_allow_marker_fails_its_test_at_setup(inner) -> None:
         """
     )
     ran.result.assert_outcomes(passed=1, errors=1)
-    ran.lines("*ERROR at setup of test_x*", "*@pytest.mark.ddp_allow_leaks: *'threads:x'*the kind must be one of group*")
+    ran.lines(
+        "*ERROR at setup of test_x*",
+        "*@pytest.mark.ddp_allow_leaks: *'threads:x'*the kind must be one of group*",
+    )
     ran.no_lines("*must not run*")
 
 

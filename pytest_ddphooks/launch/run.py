@@ -42,6 +42,9 @@ POLL_SECONDS = 0.5
 # a stall is certain once seen; looking again a moment later lets the ranks still on their way
 # reach where they will wait, so that the report shows each rank where it stays
 STALL_SETTLE_SECONDS = 0.1
+# a cycle of ranks waiting for each other must hold this long, nothing recorded meanwhile: a
+# thread of one of them could still enter the collective another waits in
+DEADLOCK_SETTLE_SECONDS = 2.0
 # a rank finished while others run: the others most often finish a moment later, and a look
 # for a stall then reads nothing; it is taken only if they have not (looking at once, every
 # rank's events were read once per rank that finished: 56 reads in a passing 8-rank test)
@@ -74,6 +77,8 @@ class RunWatch:
         self._readers = {r: EventReader(job.path(r, "events")) for r in range(job.world_size)}
         self._records: dict[int, list[RawEvent]] = {r: [] for r in range(job.world_size)}  # read so far
         self._seen_desync: tuple[object, ...] | None = None
+        self._seen_deadlock: tuple[object, ...] | None = None
+        self._deadlock_since = 0.0
         self._stalled_since: float | None = None
         self._counts: dict[int, int] = {}
         self._started = self._deadline = self._next_poll = 0.0
@@ -245,6 +250,12 @@ class RunWatch:
             self._stop("stopped: blocked in collectives that can never match")
             return
         self._seen_desync = desync
+        deadlock = self._progress.deadlock(live, self.job.world_size)
+        if deadlock is None or deadlock != self._seen_deadlock:
+            self._seen_deadlock, self._deadlock_since = deadlock, now
+        elif now - self._deadlock_since >= DEADLOCK_SETTLE_SECONDS:
+            self.report.deadlock = list(deadlock[0])  # type: ignore[call-overload]
+            self._stop("stopped: the ranks wait for each other in different collectives")
 
     def _ask_native(self, ranks: list[int]) -> None:
         """Ranks that recorded nothing since the last look may wait in a collective native

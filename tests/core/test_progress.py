@@ -43,6 +43,30 @@ def test_a_slow_peer_in_the_same_collective_is_no_desync() -> None:
     assert _fed(sim).desync() is None
 
 
+def test_ranks_waiting_for_each_other_in_different_groups_are_a_deadlock() -> None:
+    sim = Sim(3)
+    sim.cstart(0, "barrier", group="a", ranks=[0, 1])
+    sim.cstart(1, "barrier", group="b", ranks=[0, 1])
+    sim.cstart(2, "all_reduce")  # waits for both; not in the cycle
+    found = _fed(sim).deadlock({0, 1, 2}, 3)
+    assert found is not None and found[0] == (0, 1)
+
+
+def test_a_wait_without_a_cycle_is_no_deadlock() -> None:
+    sim = Sim(2)
+    sim.cstart(0, "barrier", group="a", ranks=[0, 1])  # rank 1 is busy in Python, in no call
+    assert _fed(sim).deadlock({0, 1}, 2) is None
+    sim = Sim(2)
+    sim.cstart(0, "barrier", group="a", ranks=[0, 1])
+    sim.cstart(1, "barrier", group="a", ranks=[0, 1])  # the same collective: it will return
+    assert _fed(sim).deadlock({0, 1}, 2) is None
+    sim = Sim(2)
+    sim.cstart(0, "barrier", group="a", ranks=[0, 1])
+    sim.cstart(1, "barrier", group="b", ranks=[0, 1], lane=1)
+    sim.cstart(1, "barrier", group="a", ranks=[0, 1])  # another thread of rank 1 entered a's
+    assert _fed(sim).deadlock({0, 1}, 2) is None
+
+
 def test_waiting_for_a_finished_rank_that_never_entered_is_a_stall() -> None:
     sim = Sim(2)
     sim.coll("barrier")

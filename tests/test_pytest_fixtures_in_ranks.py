@@ -159,3 +159,24 @@ def test_a_class_attribute_that_cannot_reach_the_ranks_is_named(inner) -> None:
     )
     ran.result.assert_outcomes(failed=1)
     ran.lines("*fixture 'TestWithLock.lock' cannot be sent to the ranks: TypeError: cannot pickle*lock*")
+
+
+def test_getfixturevalue_in_a_fixture_evaluated_in_the_rank(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture
+        def shard(rank):
+            return f"shard-{rank}"
+
+        @pytest.fixture
+        def loader(rank, request):
+            return [request.getfixturevalue("shard"), request.getfixturevalue("tmp_path").name]
+
+        @pytest.mark.multirank(world_size=2)
+        def test_loads(rank, loader, tmp_path):
+            assert loader == [f"shard-{rank}", tmp_path.name]
+        """
+    )
+    ran.result.assert_outcomes(passed=1)

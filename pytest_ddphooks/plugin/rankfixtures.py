@@ -47,7 +47,10 @@ class FixtureNotSendable(Exception):
 
 
 def _defs(item: pytest.Function, name: str) -> list[Any]:
-    return list(item._fixtureinfo.name2fixturedefs.get(name, ()))
+    known = item._fixtureinfo.name2fixturedefs.get(name)
+    if known is None:  # asked for by name only (``request.getfixturevalue``)
+        known = item.session._fixturemanager.getfixturedefs(name, item)
+    return list(known or ())
 
 
 def rank_dependent(item: pytest.Function) -> list[str]:
@@ -183,6 +186,7 @@ class _Shim:
     _finalizers: list[Callable[[], object]]
     _param: Any = None
     _has_param: bool = False
+    _lookup: Callable[[str], Any] | None = None
 
     @property
     def param(self) -> Any:
@@ -204,6 +208,19 @@ class _Shim:
 
     def addfinalizer(self, finalizer: Callable[[], object]) -> None:
         self._finalizers.append(finalizer)
+
+    def getfixturevalue(self, argname: str) -> Any:
+        """Another fixture's value in this rank (set up here when it is not yet)."""
+        assert self._lookup is not None
+        return self._lookup(argname)
+
+    @property
+    def fixturenames(self) -> list[str]:
+        return list(getattr(self.node, "fixturenames", ()))
+
+    @property
+    def keywords(self) -> Any:
+        return self.node.keywords
 
     def raiseerror(self, msg: str | None) -> NoReturn:
         raise RuntimeError(f"fixture {self.fixturename!r} in a rank: {msg}")
@@ -247,6 +264,7 @@ class RankFixtures:
             self.finalizers,
             callspec.params[name] if has_param else None,
             has_param,
+            self.get,
         )
         kwargs = {}
         for arg in fd.argnames:

@@ -493,10 +493,14 @@ def _stall_lines(f: RunFailure) -> list[str]:
     waiting: dict[str, list[int]] = {}
     for rank, what in sorted(f.stall.items()):
         waiting.setdefault(what, []).append(rank)
-    return [
-        f"{who} finished the test without calling {what}; {_ranks(ranks)} wait{'s' if len(ranks) == 1 else ''} in it"
-        for what, ranks in waiting.items()
-    ]
+    lines = []
+    for what, ranks in waiting.items():
+        wait = f"wait{'s' if len(ranks) == 1 else ''}"
+        if what.startswith("recv from "):  # what the finished rank left out is the send
+            lines.append(f"{who} finished the test without a send to {_ranks(ranks)}; {_ranks(ranks)} {wait} in {what}")
+        else:
+            lines.append(f"{who} finished the test without calling {what}; {_ranks(ranks)} {wait} in it")
+    return lines
 
 
 def _hang_lines(f: RunFailure) -> list[str]:

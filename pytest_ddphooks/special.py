@@ -33,6 +33,7 @@ MESSAGES_ENV = "DDPHOOKS_CHILD_MESSAGES"
 STACKS_ENV = "DDPHOOKS_CHILD_STACKS"
 PARENT_ENV = "DDPHOOKS_CHILD_PARENT"
 BASETEMP_ENV = "DDPHOOKS_CHILD_BASETEMP"
+TERMINAL_ENV = "DDPHOOKS_CHILD_TERMINAL"  # under -s: the parent's stdout and stderr descriptors
 PHASES = ("setup", "call", "teardown")
 
 
@@ -103,19 +104,35 @@ def run_isolated(
     limit: float,
     startup_limit: float = STARTUP_LIMIT,
     exit_grace: float = EXIT_GRACE,
+    terminal: bool = False,
 ) -> IsolatedRun:
     """Run ``command`` (a pytest child) with its files in ``folder``; ``limit`` is the
-    test's own time limit, counted from the child's "start" message."""
+    test's own time limit, counted from the child's "start" message. ``terminal``: the
+    child also gets this process's stdout and stderr, for the test to print to live."""
     messages = os.path.join(folder, "messages.jsonl")
     stacks = os.path.join(folder, "stacks.txt")
     basetemp = os.path.join(folder, "basetemp")
     env = {**env, MESSAGES_ENV: messages, STACKS_ENV: stacks, PARENT_ENV: str(os.getpid()), BASETEMP_ENV: basetemp}
     out_path, err_path = os.path.join(folder, "stdout.txt"), os.path.join(folder, "stderr.txt")
     began = time.monotonic()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
-        )
+    shared = (os.dup(1), os.dup(2)) if terminal else ()
+    if shared:
+        env[TERMINAL_ENV] = ",".join(map(str, shared))
+    try:
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                command,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                pass_fds=shared,
+            )
+    finally:
+        for fd in shared:
+            os.close(fd)
     run = IsolatedRun(exit_grace=exit_grace)
     deadline = began + startup_limit
     lingering = False

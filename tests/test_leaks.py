@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -338,10 +339,16 @@ def test_processes_a_rank_leaves_are_killed_and_named(pytester) -> None:
         @pytest.mark.multirank(world_size=2)
         def test_tidy(rank):
             subprocess.run(["true"], check=True)
+
+        @pytest.mark.ddp_allow_leaks("process:*sleep 301*")
+        @pytest.mark.multirank(world_size=2)
+        def test_allowed_to(rank):
+            subprocess.Popen(["sleep", "301"])  # killed with its rank all the same, not reported
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.no_fnmatch_line("*sleep 301*")
     result.stdout.fnmatch_lines(
         [
             "test_rank_leak.py::test_spawns leaked (cleaned up before the next test):",
@@ -453,3 +460,27 @@ def test_what_a_wider_fixture_undoes_in_its_teardown_is_no_leak_of_the_last_test
         "  environment variable WORLD_SIZE='2' was set",
     )
     ran.no_lines("*MASTER_PORT*")
+
+
+def test_an_allowed_process_may_outlive_its_test_but_not_the_session(inner, tmp_path) -> None:
+    pid_file = tmp_path / "pid"
+    ran = inner(
+        f"""
+        import subprocess
+        import pytest
+
+        @pytest.mark.ddp_allow_leaks("process:*sleep 302*")
+        def test_starts_a_server():
+            proc = subprocess.Popen(["sleep", "302"])
+            open({str(pid_file)!r}, "w").write(str(proc.pid))
+
+        def test_server_still_there():
+            import os
+            os.kill(int(open({str(pid_file)!r}).read()), 0)
+        """
+    )
+    ran.result.assert_outcomes(passed=2)
+    ran.no_lines("*sleep 302*")
+    stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    # killed: gone, or a zombie until this process (its parent here) reaps it
+    assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z"

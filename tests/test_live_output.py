@@ -69,3 +69,31 @@ def test_without_s_rank_output_is_in_the_report_sections(inner) -> None:
     ran.result.assert_outcomes(failed=1)
     ran.lines("*- Captured stdout rank 1 call -*", "said by 1")
     ran.no_lines("[[]rank 1[]] said by 1")
+
+
+def test_with_s_a_special_test_prints_to_the_terminal_too(pytester: pytest.Pytester) -> None:
+    """Its own interpreter prints where pytest does: a plain special test's lines as they are,
+    a special multirank test's prefixed by rank; the child's own pytest banner does not."""
+    pytester.makepyfile(
+        test_special_live="""
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.special
+        def test_fails_after_printing():
+            print("DEBUG-VALUE 42")
+            assert 1 == 2
+
+        @pytest.mark.special
+        @pytest.mark.multirank(world_size=2)
+        def test_ranks_print(rank):
+            print(f"hello from {rank}")
+            dist.barrier()
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*DEBUG-VALUE 42"])
+    result.stdout.fnmatch_lines(["*[[]rank 0[]] hello from 0*"])
+    result.stdout.fnmatch_lines(["*[[]rank 1[]] hello from 1*"])
+    assert result.stdout.str().count("test session starts") == 1

@@ -215,6 +215,11 @@ def test_special_test_that_hangs_is_killed_and_the_session_goes_on(pytester) -> 
         ]
     )
     result.stdout.fnmatch_lines(["*_ test_ranks_hang _*", "hang: the test did not finish within 2 s (2 ranks)"])
+    # pytest-timeout's thread method would os._exit the special interpreter: timed here instead
+    result = pytester.runpytest("-p", "no:cacheprovider", "--timeout=2", "--timeout-method=thread", "-k", "sleeps")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["special test did not finish within 2 s", "stuck at test_hang.py:8 in test_sleeps: *"])
+    result.stdout.no_fnmatch_line("*interpreter died*")
 
 
 def test_special_interpreter_ends_with_its_test_so_only_a_process_it_started_is_a_leak(pytester) -> None:

@@ -62,7 +62,7 @@ class ForkServer:
         preload: tuple[str, ...],
         parent: int,
         log_path: str | None,
-        keep_terminal: bool = False,
+        keep_terminal: int | None = None,
     ) -> None:
         self.sock = sock
         self.body_factory = body_factory
@@ -102,7 +102,7 @@ class ForkServer:
         if coverage_config is not None:
             coverage_relay.prepare(coverage_config)
 
-    def _isolate_descriptors(self, log_path: str | None, keep_terminal: bool) -> None:
+    def _isolate_descriptors(self, log_path: str | None, keep_terminal: int | None) -> None:
         """Point every inherited descriptor at /dev/null (pipes of xdist, pytest's capture).
 
         They are replaced rather than closed: objects that still think they own them may
@@ -111,10 +111,10 @@ class ForkServer:
         null = os.open(os.devnull, os.O_RDWR)
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else null
         keep = {self.sock.fileno(), null, log}
-        if keep_terminal:
+        if keep_terminal is not None:
             # pytest's own stdout, shared rather than reopened: a regular file keeps one write
             # offset, so the ranks' live lines and pytest's never overwrite each other
-            output.terminal_fd = os.dup(1)
+            output.terminal_fd = os.dup(keep_terminal)
             keep.add(output.terminal_fd)
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)

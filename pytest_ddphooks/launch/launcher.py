@@ -26,7 +26,7 @@ class Launcher:
         preload: tuple[str, ...] = ("torch", "torch.distributed"),
         log_path: str | None = None,
         coverage_config: str | None = None,
-        keep_terminal: bool = False,
+        keep_terminal: int | None = None,  # the descriptor ranks print live to (-s)
         compact_memory: bool = False,
     ) -> None:
         self._body_factory = body_factory

@@ -45,6 +45,9 @@ STALL_SETTLE_SECONDS = 0.1
 # a cycle of ranks waiting for each other must hold this long, nothing recorded meanwhile: a
 # thread of one of them could still enter the collective another waits in
 DEADLOCK_SETTLE_SECONDS = 2.0
+# a rank died: the others' collectives raise once its connections close; they get this long
+# to write their own result before they are stopped
+DEATH_GRACE_SECONDS = 0.5
 # a rank finished while others run: the others most often finish a moment later, and a look
 # for a stall then reads nothing; it is taken only if they have not (looking at once, every
 # rank's events were read once per rank that finished: 56 reads in a passing 8-rank test)
@@ -71,6 +74,9 @@ class RunWatch:
         self.pids: dict[int, int] = {}
         self.setup_done: set[int] = set()
         self.body_passed: set[int] = set()  # with fixtures still to tear down
+        self.reporting: set[int] = set()  # ranks whose body failed, writing their result
+        self._pending_stop: str | None = None  # a rank died: why the live ranks are stopped
+        self._stop_at: float | None = None  # when, unless they all finished by then
         self.finished: dict[int, str] = {}  # rank -> its outcome, once its result is written
         self.over = False
         self._progress = RankProgress()
@@ -106,6 +112,8 @@ class RunWatch:
     def _follow(self, done: object) -> None:
         while not self.over and not done():  # type: ignore[operator]
             wake = self._deadline
+            if self._stop_at is not None:
+                wake = min(wake, self._stop_at)
             if self._failed_at is not None:
                 wake = min(wake, self._failed_at + self.grace)
             else:
@@ -120,7 +128,9 @@ class RunWatch:
 
     def _on_tick(self) -> None:
         now = time.monotonic()
-        if now >= self._deadline:
+        if self._stop_at is not None and now >= self._stop_at:
+            self._stop(self._pending_stop or "stopped")
+        elif now >= self._deadline:
             self.report.timed_out = True
             self._stop(f"timed out after {self.job.timeout:g} s")
         elif self._failed_at is not None:
@@ -148,12 +158,17 @@ class RunWatch:
             self.setup_done.add(note.rank)
         elif note.phase == "call" and note.status == "passed":
             self.body_passed.add(note.rank)
+        elif note.phase == "call" and note.status == "failed":
+            self.reporting.add(note.rank)
         elif note.phase == "done":
             self.finished[note.rank] = note.status
             if note.status == "failed" and self.report.first_failure is None:
                 self.report.first_failure = note.rank
             if len(self.finished) == self.job.world_size:
                 self._all_done()
+                return
+            if self._pending_stop is not None:
+                self._stop_after_death(self._pending_stop)
                 return
             self._end_if_only_faults_remain()
             if self.over:
@@ -182,10 +197,28 @@ class RunWatch:
             if self._failed_at is None:
                 self._failed_at = time.monotonic()
             if died:
-                self._stop(f"stopped after rank {ex.rank} died ({ex.describe()})")
+                self._stop_after_death(f"stopped after rank {ex.rank} died ({ex.describe()})")
                 return
+        if self._pending_stop is not None:
+            self._stop_after_death(self._pending_stop)
+            return
         if len(report.exits) == self.job.world_size:
             self.over = True
+
+    def _stop_after_death(self, reason: str) -> None:
+        """Stop the live ranks, once they had a moment to write their own result: a peer's
+        death makes their collective raise at once, and a rank stopped while it formats that
+        failure would show the harness's frames instead of its error. A rank that said its
+        body failed gets the whole grace."""
+        self._pending_stop = self._pending_stop or reason
+        live = [r for r in range(self.job.world_size) if r not in self.finished and r not in self.report.exits]
+        if not live:
+            self._stop(self._pending_stop)
+            return
+        if self._stop_at is None:
+            self._stop_at = time.monotonic() + DEATH_GRACE_SECONDS
+        if any(r in self.reporting for r in live):
+            self._stop_at = max(self._stop_at, (self._failed_at or time.monotonic()) + self.grace)
 
     def _all_done(self) -> None:
         """Every rank wrote its result: the test is over, whatever the ranks do as they leave."""

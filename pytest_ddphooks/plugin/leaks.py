@@ -22,6 +22,7 @@ import pytest
 
 from .. import coverage_relay, spmd
 from ..errors import LeakWarning
+from ..launch import procs
 from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot
 from .markers import is_special
 from .session import DdpSession
@@ -80,6 +81,7 @@ class LeakHooks:
         self.mode = ddp.settings.leaks
         self.allow = ddp.settings.leaks_allow
         self.pending: list[_Pending] = []
+        self.allowed_processes: list[Leak] = []  # allowed leaks that still end with the session
         self.scope_ending: Snapshot | None = None  # taken as a wider scope's teardown begins
         self.session_report: list[str] = []
         self.relaunched = spmd.relaunched_rank() is not None
@@ -171,8 +173,14 @@ class LeakHooks:
     def _check(self, item: pytest.Item) -> None:
         before = item.stash.get(BEFORE_KEY, None)
         ending, self.scope_ending = self.scope_ending, None
-        # processes a rank left: the rank's launcher has killed them already
-        rank_leaks = [Outcome(lk, True, "killed") for lk in item.stash.get(RANK_LEAKS_KEY, [])]
+        # processes a rank left: the rank's launcher has killed them already (allowed ones too:
+        # a rank's processes cannot outlive it), reported unless allowed
+        allow = item.stash.get(ALLOW_KEY, self.allow)
+        rank_leaks = [
+            Outcome(lk, True, "killed")
+            for lk in item.stash.get(RANK_LEAKS_KEY, [])
+            if allow is not None and not allow.allows(lk)
+        ]
         if before is None:
             self._report(item, rank_leaks, [])
             return
@@ -200,6 +208,8 @@ class LeakHooks:
             leaks = []
         allow = self._allow_for(item)
         own = [lk for lk in leaks if allow is not None and not allow.allows(lk)]
+        # allowed to outlive its test, a process still ends with the session
+        self.allowed_processes.extend(lk for lk in leaks if lk.kind == "process" and lk not in own)
         if own:
             own = self.guard.settle(before, own, holders=_holders(item))
         ended = self._ended_scopes(item)
@@ -240,6 +250,7 @@ class LeakHooks:
         warnings.warn_explicit(LeakWarning(message), LeakWarning, str(path), (lineno or 0) + 1)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.guard.clean([lk for lk in self.allowed_processes if procs.is_running(lk.ref)], Snapshot())
         self.session_report.extend(self.late)
         for entry in self.pending:
             still = self._still(entry)

@@ -35,6 +35,7 @@ class MultirankRun:
 
 RUN_KEY = pytest.StashKey[MultirankRun]()
 TIMEOUT_KEY = pytest.StashKey[float]()  # pytest-timeout's value for a test this plugin times
+THREAD_TIMEOUT_KEY = pytest.StashKey[bool]()  # ... with --timeout-method=thread
 BAD_MARKER_KEY = pytest.StashKey[str]()  # why the test's multirank marker cannot be run
 
 

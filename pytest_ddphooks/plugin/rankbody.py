@@ -159,9 +159,11 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
             error = exc
             if phase != "call":
                 ctx.note("setup", "failed")
-            elif _wants_post_mortem(ctx, exc):
-                assert ctx.debugger is not None
-                ctx.debugger.post_mortem(exc)
+            else:  # formatting it takes a moment: a peer's death must not cut it short
+                ctx.note("call", "failed")
+                if _wants_post_mortem(ctx, exc):
+                    assert ctx.debugger is not None
+                    ctx.debugger.post_mortem(exc)
         teardown_errors = fixtures.teardown() if fixtures is not None else []
     elapsed = time.monotonic() - started
     if error is None and teardown_errors:

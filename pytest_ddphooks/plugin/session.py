@@ -11,11 +11,13 @@ import pytest
 from .. import coverage_relay, session_dirs
 from ..launch.launcher import Launcher
 from . import rankbody
-from .markers import RUN_KEY, TIMEOUT_KEY, MultirankRun
+from .markers import RUN_KEY, THREAD_TIMEOUT_KEY, TIMEOUT_KEY, MultirankRun
 from .settings import Settings
 
 SPECIAL_GRACE = 30.0  # a special multirank test's own watchdog reports first
 TIMED_SPECIAL_GRACE = 10.0  # pytest-timeout times the test inside; this catches what it cannot stop
+# in a special test's interpreter under -s: the parent's stdout, which the test prints to
+LIVE_TERMINAL_KEY = pytest.StashKey[int]()
 COMPACT_MEMORY_RUNS = 20  # multirank runs in a session from which the fork server uses huge pages
 
 
@@ -71,6 +73,8 @@ class DdpSession:
         if run is not None:
             return self.limit_of(run) + SPECIAL_GRACE
         if TIMEOUT_KEY in item.stash:
+            if item.stash.get(THREAD_TIMEOUT_KEY, False):
+                return item.stash[TIMEOUT_KEY]  # timed here: see MultirankHooks.pytest_timeout_set_timer
             return item.stash[TIMEOUT_KEY] + TIMED_SPECIAL_GRACE
         return self.settings.timeout
 
@@ -83,7 +87,7 @@ class DdpSession:
                 lambda job: lambda ctx: rankbody.run_in_rank(job, ctx),
                 log_path=os.path.join(self.folder(), "launcher.log"),
                 coverage_config=self.child_env().get(coverage_relay.ENV),
-                keep_terminal=session.config.getoption("capture", "fd") == "no",
+                keep_terminal=live_terminal(session.config),
                 # moving its memory into huge pages costs about 0.4 s of CPU once and saves
                 # several ms per run: worth it for more than a few runs
                 compact_memory=expected_runs >= COMPACT_MEMORY_RUNS,
@@ -108,3 +112,11 @@ class DdpSession:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
         self._folder = self._runs_folder = None
+
+
+def live_terminal(config: pytest.Config) -> int | None:
+    """Where ranks print their lines as they come (-s): pytest's stdout, or the parent's in a
+    special test's interpreter; None when output is captured."""
+    if config.getoption("capture", "fd") != "no":
+        return None
+    return config.stash.get(LIVE_TERMINAL_KEY, 1)

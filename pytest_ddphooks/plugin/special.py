@@ -40,6 +40,7 @@ from ..special import (
     PARENT_ENV,
     PHASES,
     STACKS_ENV,
+    TERMINAL_ENV,
     IsolatedRun,
     phase_output,
     run_isolated,
@@ -47,7 +48,7 @@ from ..special import (
 from ..stacks import fatal_error, format_stack, rel_path, user_frame
 from .markers import is_special
 from .reports import relay_warnings
-from .session import DdpSession
+from .session import LIVE_TERMINAL_KEY, DdpSession
 
 TARGET_ENV = "DDPHOOKS_SPECIAL_NODEID"
 
@@ -153,7 +154,8 @@ class SpecialHooks:
         limit = self.ddp.special_limit(item)
         command = child_command(self.config, item, folder)
         cwd = str(self.config.invocation_params.dir)
-        run = run_isolated(command, env, cwd, folder, limit, exit_grace=min(EXIT_GRACE, limit))
+        live = self.config.getoption("capture", "fd") == "no"
+        run = run_isolated(command, env, cwd, folder, limit, exit_grace=min(EXIT_GRACE, limit), terminal=live)
         reports = []
         for message in run.messages:
             if message.get("event") == "report":
@@ -271,6 +273,27 @@ class SpecialTargetHooks:
         items[:] = keep
 
 
+@contextlib.contextmanager
+def _descriptors_to(files: list[int]) -> Iterator[None]:
+    """Descriptors 1 and 2 point at ``files`` while the block runs."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    os.dup2(files[0], 1)
+    os.dup2(files[1], 2)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
 class SpecialChildHooks:
     """In the interpreter the parent started: write every report, warning and, phase by
     phase, what was printed (crash-safe, in files) for the parent."""
@@ -282,6 +305,10 @@ class SpecialChildHooks:
         messages, stacks = os.environ.pop(MESSAGES_ENV), os.environ.pop(STACKS_ENV)
         os.environ.pop(PARENT_ENV, None)
         os.environ.pop(BASETEMP_ENV, None)
+        shared = os.environ.pop(TERMINAL_ENV, "")
+        self.terminal = [int(fd) for fd in shared.split(",")] if shared else []
+        if self.terminal:
+            config.stash[LIVE_TERMINAL_KEY] = self.terminal[0]
         self.folder = os.path.dirname(messages)
         self.capture = config.getoption("capture", "fd") != "no"
         self._out: IO[str] = open(messages, "a", encoding="utf-8")  # noqa: SIM115
@@ -296,36 +323,33 @@ class SpecialChildHooks:
     def _phase(self, item: pytest.Item, when: str) -> Iterator[None]:
         """Descriptors 1 and 2 into this phase's files while it runs: what the test prints
         (pytest tees it there) and what any process it starts prints."""
-        if item.nodeid != self.target or not self.capture:
+        if item.nodeid != self.target or not (self.capture or self.terminal):
             yield
             return
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        saved = [os.dup(1), os.dup(2)]
-        files = [
-            os.open(os.path.join(self.folder, f"{when}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            for ext in ("out", "err")
-        ]
-        os.dup2(files[0], 1)
-        os.dup2(files[1], 2)
+        if self.capture:
+            files = [
+                os.open(os.path.join(self.folder, f"{when}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                for ext in ("out", "err")
+            ]
+        else:  # -s: straight to the parent's terminal, as a plain test's output
+            files = list(self.terminal)
         try:
-            yield
+            with _descriptors_to(files):
+                yield
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in (*saved, *files):
-                os.close(fd)
-            out, err = phase_output(self.folder, when)
-            # in place of pytest's own sys-level capture of this phase: the same text and more
-            sections = getattr(item, "_report_sections", None)
-            if isinstance(sections, list):
-                sections[:] = [sec for sec in sections if not (sec[0] == when and sec[1] in ("stdout", "stderr"))]
-                item.add_report_section(when, "stdout", out)
-                item.add_report_section(when, "stderr", err)
+            if self.capture:
+                for fd in files:
+                    os.close(fd)
+                self._sections(item, when)
+
+    def _sections(self, item: pytest.Item, when: str) -> None:
+        """In place of pytest's own sys-level capture of this phase: the same text and more."""
+        out, err = phase_output(self.folder, when)
+        sections = getattr(item, "_report_sections", None)
+        if isinstance(sections, list):
+            sections[:] = [sec for sec in sections if not (sec[0] == when and sec[1] in ("stdout", "stderr"))]
+            item.add_report_section(when, "stdout", out)
+            item.add_report_section(when, "stderr", err)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:

@@ -153,6 +153,18 @@ def test_waiting_for_a_rank_that_finished_is_a_stall_named_as_such() -> None:
     assert "  rank 1: finished the test body (passed), then waited for the other ranks" in rendered.text
 
 
+def test_a_receive_from_a_rank_that_finished_names_the_send_it_left_out() -> None:
+    report = _report(
+        results={2: _passed(2)},
+        stall=Stall({0: "recv from rank 2"}, {2: "passed"}),
+        stopped={0: "stopped: it waited for ranks that had finished the test", 1: "stopped"},
+        duration=0.2,
+    )
+    f = classify(report).failure
+    assert f is not None and f.cause == STALL
+    assert render(f).message == "rank 2 finished the test without a send to rank 0; rank 0 waits in recv from rank 2"
+
+
 def test_a_frozen_rank_is_reported_as_stopped_by_sigstop() -> None:
     sim = Sim(2)
     _rank0_in_barrier(sim)

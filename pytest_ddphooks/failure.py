@@ -531,13 +531,16 @@ def _stack_lines(f: RunFailure) -> list[str]:
             lines.append(f"rank {rank}: no stack (the rank did not answer)")
             continue
         main = f.main_threads.get(rank)
-        for t in sorted(stacks.threads, key=lambda t: t.ident != main):
-            if t.ident != main and _harness_thread(t):
-                continue
+        shown = [
+            t
+            for t in sorted(stacks.threads, key=lambda t: t.ident != main)
+            if t.ident == main or not _harness_thread(t)
+        ]
+        for i, t in enumerate(shown):
             label = f.thread_names.get((rank, t.ident)) or (
                 "MainThread" if t.ident == main else f"thread 0x{t.ident:x}"
             )
-            lines.extend(format_stack(t, f"rank {rank} stack, {label}"))
+            lines.extend([""] * (i > 0) + format_stack(t, f"rank {rank} stack, {label}"))
     return lines
 
 

@@ -30,14 +30,20 @@ class _Rank:
     native: dict[int, int] = field(default_factory=dict)  # lane -> a native call issued, nothing after it
     last_t: dict[int, int] = field(default_factory=dict)  # lane -> the latest time recorded on it
     fired: list[dict[str, Any]] = field(default_factory=list)  # injected faults that acted on it
+    joins: int = 0  # init_process_group calls started
     exchanges: int = 0  # timeline() calls started
     in_exchange: int = 0  # the timeline() call it is inside, 0 when none
     count: int = 0  # events recorded
 
 
+JOIN = "join"  # what init_process_group waits for: every rank's call of it
+
+
 def describe_call(info: dict[str, Any]) -> str:
-    """``all_reduce #3 on the default group``, ``recv from rank 1``, ``timeline()``."""
+    """``all_reduce #3 on the default group``, ``recv from rank 1``, ``init_process_group``."""
     op = str(info.get("op"))
+    if info.get("sync") == JOIN:
+        return op
     if info.get("sync") == collectives.RECV:
         return f"recv from rank {info.get('src')}"
     if info.get("sync") == collectives.SEND:
@@ -82,6 +88,8 @@ class RankProgress:
                     state.in_exchange = state.exchanges
                 else:
                     state.in_exchange = 0
+            elif kind == events.GROUP:
+                self._join(state, call_id, phase, info or {})
             elif kind in (events.COLLECTIVE, events.P2P):
                 self._call(state, call_id, kind, phase, info or {})
                 if phase == events.END and state.inside.get(call_id, {}).get("native"):
@@ -93,6 +101,16 @@ class RankProgress:
                         state.inside[call_id] = waited
                 else:
                     state.inside.pop(call_id, None)
+
+    @staticmethod
+    def _join(state: _Rank, call_id: int, phase: str, info: dict[str, Any]) -> None:
+        """init_process_group returns once every rank joined the group: a wait like a
+        collective's (its end event names no op: it is known by its call id)."""
+        if phase == events.START and info.get("op") == "init_process_group":
+            state.joins += 1
+            state.inside[call_id] = {"op": "init_process_group", "sync": JOIN, "join": state.joins}
+        else:
+            state.inside.pop(call_id, None)
 
     @staticmethod
     def _call(state: _Rank, call_id: int, kind: str, phase: str, info: dict[str, Any]) -> None:
@@ -187,6 +205,8 @@ class RankProgress:
 
     def _absent(self, rank: int, info: dict[str, Any], finished: dict[int, str], world_size: int) -> list[int]:
         sync = info.get("sync")
+        if sync == JOIN:
+            return [m for m in sorted(finished) if self._of(m).joins < int(info.get("join", 1))]
         if sync == collectives.RECV:
             src = info.get("src")
             if src is None or src not in finished:

@@ -139,6 +139,31 @@ def test_two_groups_entered_in_opposite_orders_are_a_deadlock_said_early(inner) 
     assert ran.seconds < 30
 
 
+def test_a_rank_that_never_joins_the_group_its_peers_init_is_said_early(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, init_process_group=False, timeout=60)
+        def test_only_rank0_inits(rank):
+            if rank == 0:
+                dist.init_process_group("gloo")
+
+        @pytest.mark.multirank(world_size=2, init_process_group=False, timeout=60)
+        def test_both_init(rank):
+            dist.init_process_group("gloo")
+            dist.barrier()
+        """
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "hang: the ranks were stopped after * s, not at the 60 s limit: they wait for ranks that finished the test",
+        "  rank 1 finished the test without calling init_process_group; rank 0 waits in it",
+    )
+    assert ran.seconds < 30
+
+
 def test_desync_without_a_hang_still_fails(inner) -> None:
     ran = inner(
         """

@@ -209,6 +209,9 @@ def test_a_special_interpreter_that_lingers_after_its_test_is_stopped(pytester) 
         [
             "*_ ERROR at teardown of test_leaves_a_thread_that_never_ends _*",
             "the special test finished, but its interpreter did not end 2 s after it",
+            "it waited for threads the test started and left running (not daemon threads): 'forever'",
             "its interpreter was killed, with every process it started",
+            "",
+            "thread 0x* 'forever' (most recent call last):",
         ]
     )

@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Generator, Iterator
 from typing import IO, Any
 
@@ -221,7 +222,8 @@ class SpecialHooks:
                 head = f"special test did not finish within {limit:g} s"
             else:
                 head = f"the special test's interpreter did not start the test within {limit:g} s"
-            text = [head, "its interpreter was killed, with every process it started", *_stack_lines(run)]
+            text = [head, *_lingering_lines(run), "its interpreter was killed, with every process it started"]
+            text += _stack_lines(run)
             return ("teardown" if run.lingered else "call"), "\n".join(text)
         if run.finished:
             if run.ended_normally:
@@ -239,15 +241,31 @@ def _stack_lines(run: IsolatedRun) -> list[str]:
     if run.stacks is None:
         return lines
     # faulthandler lists the main thread last: where the test itself is stuck comes first
-    for thread in reversed(run.stacks.threads):
+    for thread in reversed(run.stacks.threads if not run.lingered else ()):
         frame = user_frame(thread)
         if frame is not None:
             lines.append(f"stuck at {rel_path(frame.path)}:{frame.line} in {frame.function}: {frame.source()}")
             break
+    names = {int(t.get("ident") or 0): str(t.get("name")) for t in _lingering(run)}
     for thread in run.stacks.threads:
         lines.append("")
-        lines.extend(format_stack(thread, f"thread 0x{thread.ident:x}"))
+        name = f" {names[thread.ident]!r}" if thread.ident in names else ""
+        lines.extend(format_stack(thread, f"thread 0x{thread.ident:x}{name}"))
     return lines
+
+
+def _lingering(run: IsolatedRun) -> list[dict[str, Any]]:
+    return [t for m in run.messages if m.get("event") == "lingering" for t in m.get("threads", [])]
+
+
+def _lingering_lines(run: IsolatedRun) -> list[str]:
+    """The threads that kept a finished test's interpreter from ending (not daemon threads:
+    Python waits for them at exit)."""
+    threads = _lingering(run)
+    if not threads:
+        return []
+    names = ", ".join(repr(t.get("name")) for t in threads)
+    return [f"it waited for threads the test started and left running (not daemon threads): {names}"]
 
 
 def _exit_lines(run: IsolatedRun) -> list[str]:
@@ -385,6 +403,14 @@ class SpecialChildHooks:
             self._write({"event": "warning", "warning": warning_relay.dump(warning_message)})
 
     def pytest_unconfigure(self) -> None:
-        faulthandler.unregister(signal.SIGUSR1)
+        # what will keep this interpreter from ending: threads it must wait for
+        keeping = [
+            {"name": t.name, "ident": t.ident}
+            for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t.is_alive()
+        ]
+        if keeping:
+            self._write({"event": "lingering", "threads": keeping})
         self._out.close()
-        self._stacks.close()
+        # the stack dump stays armed until the interpreter ends: a parent that finds it
+        # lingering asks where its threads are

@@ -104,3 +104,16 @@ def test_timeline_on_one_rank_only_is_a_stall() -> None:
     sim.raw[0].append((0, sim.t, 0, events.EXCHANGE, events.START, "timeline", {"n": 1}))
     sim.raw[1].append((0, sim.t, 0, events.COUNTERS, events.POINT, "counters", {}))
     assert _fed(sim).stalled({1: "passed"}, {0}, 2) == {0: ("timeline()", [1])}
+
+
+def test_init_process_group_waiting_for_a_rank_that_finished_without_it_is_a_stall() -> None:
+    progress = RankProgress()
+    join = {"op": "init_process_group", "group_existed": False, "backend": "gloo"}
+    progress.feed(0, [(1, 10, 0, events.GROUP, events.START, "dist.init_process_group", join)])
+    progress.feed(1, [])
+    assert progress.stalled({1: "passed"}, {0}, 2) == {0: ("init_process_group", [1])}
+    # a rank that joined is not waited for
+    progress.feed(1, [(1, 11, 0, events.GROUP, events.START, "dist.init_process_group", join)])
+    progress.feed(1, [(1, 12, 0, events.GROUP, events.END, "dist.init_process_group", {})])
+    assert progress.stalled({1: "passed"}, {0}, 2) == {}
+    assert not progress._of(1).inside  # its end names no op: left by its call id

@@ -14,8 +14,8 @@ ANSWERS = """
 import faulthandler, signal, sys, time
 stacks = open(sys.argv[1], "w")
 faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
-print("ready", flush=True)
 def waiting_to_be_asked():
+    print("ready", flush=True)  # from inside: asked after this line, the stack has this frame
     time.sleep(60)
 waiting_to_be_asked()
 """

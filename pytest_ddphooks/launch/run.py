@@ -319,6 +319,8 @@ class RunWatch:
                 report.exits.setdefault(ex.rank, ex)
                 if not ex.by_harness and not ex.clean:
                     report.stopped.pop(ex.rank, None)  # it died on its own before it was stopped
+                    if ex.rank in report.stacks and not report.stacks[ex.rank].threads:
+                        report.stacks.pop(ex.rank)  # and never answered: no "no stack" line for it
             for r in live:
                 late = RankResult.read(self.job.path(r, "result"))
                 if late is not None:

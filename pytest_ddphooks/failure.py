@@ -623,6 +623,9 @@ def attempt_summary(report: RunReport, attempt: int) -> str:
         result = report.results.get(rank)
         if report.fired.get(rank) and report.taken_out(rank):
             parts.append(f"rank {rank} {injection_words(report, rank)}")
+        elif result is not None and result.outcome == "failed" and _consequence(report, rank, result):
+            # as the verdict words it: its result is in, whether or not it was then stopped
+            parts.append(f"rank {rank} failed after rank {report.first_failure}, because its peer went away")
         elif result is not None and rank not in report.stopped:
             parts.append(f"rank {rank} {result.outcome}")
         elif rank in report.stopped:

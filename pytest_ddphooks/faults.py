@@ -186,7 +186,15 @@ class Faults:
             if self._trigger is None:
                 self._trigger = FaultTrigger(self._log)
                 self._log.add_trigger(self._trigger)
-            self._trigger.armed.append(_Armed(fault))
+            # '#n' counts from the rank's start, as the "never fired" message does
+            seen = self._log.occurrences(fault.at.matches)
+            if seen >= fault.at.n:
+                raise FaultError(
+                    f"{fault.armed_as(self.rank)}: rank {self.rank} was past that point when the fault was armed"
+                    f" (it had reached it {seen} time{'' if seen == 1 else 's'}; '#n' counts from the rank's start):"
+                    " arm it earlier, or name a later call"
+                )
+            self._trigger.armed.append(_Armed(fault, seen))
             self._log.write_watch_only(
                 events.ARMED,
                 {"fault": fault.armed_as(self.rank), "call": fault.call, "at": fault.at.text, "sign": fault.sign},

@@ -98,3 +98,11 @@ def test_the_folder_of_a_killed_session_is_removed_by_the_next(pytester, tmp_pat
     result.assert_outcomes(passed=1)
     assert not dead.exists()
     assert alive.exists(), "a live session's folder is left alone"
+
+
+def test_every_flag_has_an_ini_twin(pytester) -> None:
+    pytester.makeini("[pytest]\nddp_verbose_ranks = true\n")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "error::pytest.PytestConfigWarning")
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*Unknown config option*")

@@ -69,9 +69,27 @@ def test_a_mark_never_made(rank, faults, recorder):
 def test_an_attempt_that_never_comes(rank, faults, recorder):
     faults.kill(rank=0, at="mark:x", attempt=1)  # nothing dies in attempt 0: no attempt 1
     recorder.mark("x")
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_armed_after_its_point(rank, faults, recorder):
+    recorder.mark("step")
+    recorder.mark("step")
+    faults.raise_(rank=1, at="mark:step#2")  # '#2' counts from the rank's start: passed already
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_armed_between_its_calls(rank, faults, recorder):
+    recorder.mark("step")
+    faults.raise_(rank=1, at="mark:step#2", exc=ValueError("second step"))
+    if rank == 1:
+        with pytest.raises(ValueError, match="second step"):
+            recorder.mark("step")
 """
     )
-    ran.result.assert_outcomes(failed=3)
+    ran.result.assert_outcomes(failed=4, passed=1)
+    ran.lines(
+        "*FaultError: raise_(rank=1, at='mark:step#2'): rank 1 was past that point when the fault was armed"
+        " (it had reached it 2 times; '#n' counts from the rank's start): arm it earlier, or name a later call"
+    )
     ran.lines("injected fault kill(rank=0, at='mark:x') never fired: attempt 1 never ran (the test ended in attempt 0)")
     ran.lines("injected fault kill(rank=1, at='dist.all_reduce#2') never fired: rank 1 made 1 all_reduce call")
     ran.lines(
@@ -218,7 +236,7 @@ def test_no_death_no_restart(rank, restart_count):
     ran.result.assert_outcomes(passed=2)
     ran.lines(
         "*- Captured attempts call -*",
-        "attempt 0: rank 0 stopped after rank 1 died (killed by SIGKILL); rank 1 killed by the injected fault"
+        "attempt 0: rank 0 * after rank 1* rank 1 killed by the injected fault"
         " kill(at='dist.all_reduce#2') at event #*",
         "attempt 1: rank 0 passed; rank 1 passed",
     )
@@ -237,6 +255,6 @@ def test_dies_twice(rank, faults):
     )
     ran.result.assert_outcomes(failed=1)
     ran.lines(
-        "attempt 0: rank 0 stopped after rank 1 died (killed by SIGKILL); rank 1 killed by the injected fault *",
+        "attempt 0: rank 0 * after rank 1* rank 1 killed by the injected fault *",
         "attempt 1: *rank 1 killed by the injected fault kill(at='dist.all_reduce#1') at event #*",
     )

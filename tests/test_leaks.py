@@ -484,3 +484,23 @@ def test_an_allowed_process_may_outlive_its_test_but_not_the_session(inner, tmp_
     stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
     # killed: gone, or a zombie until this process (its parent here) reaps it
     assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z"
+
+
+def test_allowing_a_group_allows_its_sockets(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.ddp_allow_leaks("group")
+        def test_group_allowed():
+            store = dist.TCPStore("127.0.0.1", 0, 1, True)  # its listening socket and connections
+            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+        def test_still_there():
+            assert dist.is_initialized()
+            dist.destroy_process_group()
+        """
+    )
+    ran.result.assert_outcomes(passed=2)
+    ran.no_lines("*leaked*")

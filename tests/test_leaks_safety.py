@@ -275,3 +275,20 @@ def test_tqdm_monitor_is_not_a_leak(pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     result.stdout.no_fnmatch_line("*leaked*")
+
+
+def test_finding_a_socket_s_owner_warns_nothing_even_under_w_error(pytester) -> None:
+    pytester.makepyfile(
+        test_store="""
+import torch.distributed as dist
+
+KEEP = []
+
+def test_keeps_a_store():
+    KEEP.append(dist.TCPStore("127.0.0.1", 0, 1, True))
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*native code owns it (still referenced: 1 TCPStore object)*"])
+    result.stdout.no_fnmatch_line("*FutureWarning*")

@@ -174,9 +174,19 @@ def test_getfixturevalue_in_a_fixture_evaluated_in_the_rank(inner) -> None:
         def loader(rank, request):
             return [request.getfixturevalue("shard"), request.getfixturevalue("tmp_path").name]
 
+        @pytest.fixture
+        def seven():
+            return 7
+
         @pytest.mark.multirank(world_size=2)
         def test_loads(rank, loader, tmp_path):
             assert loader == [f"shard-{rank}", tmp_path.name]
+
+        @pytest.mark.multirank(world_size=2)
+        def test_body_asks_by_name(rank, request):
+            assert request.getfixturevalue("seven") == 7
+            assert request.getfixturevalue("shard") == f"shard-{rank}"
+            assert request.node.name == "test_body_asks_by_name"
         """
     )
-    ran.result.assert_outcomes(passed=1)
+    ran.result.assert_outcomes(passed=2)

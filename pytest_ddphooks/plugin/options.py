@@ -46,7 +46,7 @@ OPTIONS = (
         "ddp_leaks_allow",
         "",
         "known long-lived things the leak guard ignores, one per line: thread:NAME-GLOB,"
-        " process:CMDLINE-GLOB, socket:HOST:PORT-GLOB, env:NAME, group:NAME",
+        " process:CMDLINE-GLOB, socket:HOST:PORT-GLOB, env:NAME, group (any) or group:NAME-GLOB",
         [],
         ini_type="linelist",
     ),
@@ -128,12 +128,14 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("ddphooks", "pytest-ddphooks (distributed hook ordering)")
     for opt in OPTIONS:
         if opt.flag:
-            help_text = opt.help + ("" if opt.store_true else f" (ini {opt.name})")
+            help_text = opt.help + f" (ini {opt.name})"
             if opt.store_true:
                 group.addoption(opt.flag, dest=opt.name, action="store_true", default=False, help=help_text)
             else:
                 group.addoption(
                     opt.flag, dest=opt.name, default=None, choices=opt.choices, metavar=opt.metavar, help=help_text
                 )
-        if not opt.store_true:
+        if opt.store_true:  # the flag, or its ini twin set to true
+            parser.addini(opt.name, opt.help, type="bool", default=False)
+        else:
             parser.addini(opt.name, opt.help, type=opt.ini_type, default=opt.ini_default)  # type: ignore[arg-type]

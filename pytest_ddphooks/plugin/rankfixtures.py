@@ -226,6 +226,21 @@ class _Shim:
         raise RuntimeError(f"fixture {self.fixturename!r} in a rank: {msg}")
 
 
+class _BodyRequest:
+    """The test's own ``request`` in a rank: pytest's, but a fixture asked for by name
+    comes from the rank's fixtures (pytest's would take the rank for its teardown)."""
+
+    def __init__(self, request: Any, lookup: Callable[[str], Any]) -> None:
+        self._request = request
+        self._lookup = lookup
+
+    def getfixturevalue(self, argname: str) -> Any:
+        return self._lookup(argname)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._request, name)
+
+
 class RankFixtures:
     """Evaluates the rank-local and rank-dependent fixtures of one item inside a rank."""
 
@@ -243,7 +258,7 @@ class RankFixtures:
             self.finalizers.append(mp.undo)
             value: Any = mp
         elif name == "request":
-            value = self.item._request
+            value = _BodyRequest(self.item._request, self.get)
         else:
             value = self._evaluate(name, index)
         self.cache[key] = value

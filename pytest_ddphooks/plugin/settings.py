@@ -49,7 +49,7 @@ class Settings:
             preload=tuple(config.getini("ddp_preload")),
             spmd=_spmd_mode(config),
             plain_tests_everywhere=_choice(config, "ddp_plain_tests", ("rank0", "all")) == "all",
-            verbose_ranks=bool(config.getoption("ddp_verbose_ranks")),
+            verbose_ranks=bool(config.getoption("ddp_verbose_ranks")) or bool(config.getini("ddp_verbose_ranks")),
             explore=_explore(config),
             schedule=_schedule(config),
             prepare=_choice(config, "ddp_prepare", ("on", "off")) == "on",

@@ -125,6 +125,10 @@ class EventLog:
 
         self.trigger = both
 
+    def occurrences(self, matches: Callable[[str, str, str], bool]) -> int:
+        """How many of the events recorded so far ``matches(kind, phase, name)`` accepts."""
+        return sum(1 for r in list(self._raw) if matches(r[3], r[4], r[5]))
+
     def write_watch_only(self, kind: str, info: dict[str, Any]) -> None:
         """What the harness must learn from the event file, even of a rank that then dies (the
         faults it armed, the one that fired)."""

@@ -174,3 +174,47 @@ def test_exploring_schedules_under_torchrun_is_a_clear_error(pytester: pytest.Py
     assert code != 0
     assert "multirank(explore=..., schedule=...): schedules need the plugin's own ranks" in out, out
     assert out.count("= 1 failed") == 1, out
+
+
+def test_a_failed_test_blames_nobody_for_the_group_rebuilt_after_it(pytester: pytest.Pytester) -> None:
+    """The failed test's group is replaced before the next multirank test is set up: its
+    sockets are no leak of that test."""
+    pytester.makepyfile(
+        test_after_failure="""
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_1_fails(rank):
+            assert rank == 0
+
+        @pytest.mark.multirank(world_size=2)
+        def test_2_next(rank):
+            dist.barrier()
+        """
+    )
+    code, out, _ = torchrun(pytester.path)
+    assert code != 0, out
+    assert "= 1 failed, 1 passed" in out, out
+    assert "leaked" not in out, out
+
+
+def test_plain_tests_on_every_rank_fail_where_any_rank_failed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_plain_all="""
+        import os
+
+        def test_rank_1_only_fails():
+            assert os.environ["RANK"] == "0", "not rank 0"
+
+        def test_everywhere_fine():
+            pass
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "--ddp-plain-tests=all")
+    assert code != 0, out
+    # rank 0 learns it as the test's teardown ends: an error there, in the report and junit XML
+    assert "= 2 passed, 1 error" in out, out
+    assert "ERROR at teardown of test_rank_1_only_fails" in out, out
+    assert "the plain test failed on rank 1 (--ddp-plain-tests=all runs it on every rank): call:" in out, out
+    assert "not rank 0" in out, out

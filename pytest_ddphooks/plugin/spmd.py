@@ -61,6 +61,7 @@ class SpmdHooks:
         self.group_ok = False
         self.current: str | None = None
         self.ack: str | None = None  # set once rank 0 reported a hung rank's test
+        self._plain_failures: list[str] = []  # this rank's, in the plain test running now
         # torchrun stops the other workers with SIGTERM when one fails: say where this one was
         faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 
@@ -137,7 +138,45 @@ class SpmdHooks:
             if self.rank == 0:
                 say(f"ddphooks: no test matched the {self.world_size} launched ranks; nothing to run")
 
+    # -- plain tests on every rank (--ddp-plain-tests=all) --------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        report = yield
+        if not self.plain_everywhere or RUN_KEY in item.stash:
+            return report
+        if report.failed:
+            self._plain_failures.append(f"{report.when}: {_first_line(report)}")
+        if report.when != "teardown":
+            return report
+        # once per test, on every rank: rank 0, which reports, learns how the others did
+        mine, self._plain_failures = "\n".join(self._plain_failures), []
+        try:
+            everyone = self.coord.all_gather("plain", mine.encode(), self.start_timeout, "finish a plain test")
+        except RanksMissing as exc:
+            item.session.shouldfail = f"ddphooks: {exc}"
+            everyone = []
+        others = [(r, b.decode()) for r, b in enumerate(everyone) if r != self.rank and b]
+        if self.rank == 0 and others and report.passed:
+            report.outcome = "failed"
+            report.longrepr = "\n".join(
+                f"the plain test failed on rank {r} (--ddp-plain-tests=all runs it on every rank): {text}"
+                for r, text in others
+            )
+        return report
+
     # -- running a multirank test on the launched ranks ----------------------------------
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+        run = item.stash.get(RUN_KEY, None)
+        if run is not None and not self.group_ok:
+            # a failed test's group is rebuilt before the next multirank test is set up, where
+            # the leak guard takes its snapshot: its sockets are then nobody's leak (should it
+            # fail here, the test's own call tries again and says why)
+            with contextlib.suppress(Exception):
+                self._ensure_group(self.ddp.limit_of(run))
+        return (yield)
 
     def _ensure_group(self, limit: float) -> None:
         import torch.distributed as dist
@@ -286,3 +325,10 @@ class SpmdHooks:
         with contextlib.suppress(Exception):
             self.coord.store.set(f"hang-ack/{item.nodeid}", b"1")
         os._exit(3)
+
+
+def _first_line(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return f"{crash.message.splitlines()[0] if crash.message else ''} ({crash.path}:{crash.lineno})"
+    return str(report.longrepr).strip().splitlines()[-1] if report.longrepr else "failed"

@@ -540,7 +540,9 @@ def _stack_lines(f: RunFailure) -> list[str]:
             label = f.thread_names.get((rank, t.ident)) or (
                 "MainThread" if t.ident == main else f"thread 0x{t.ident:x}"
             )
-            lines.extend([""] * (i > 0) + format_stack(t, f"rank {rank} stack, {label}"))
+            if i:
+                lines.append("")
+            lines.extend(format_stack(t, f"rank {rank} stack, {label}"))
     return lines
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import random
 import threading
 import time
@@ -146,11 +145,11 @@ class Profile:
             segments.append(_segment(points, started, max(last or 0, ended or 0) or None))
             # a rank's first segment follows no synchronisation and its last precedes none: their
             # ends are when this rank started and stopped, which order nothing against the others
-            bounded = [dataclasses.replace(s, opened_ns=s.start_ns) for s in segments[1:]]
-            segments = [segments[0], *bounded]
+            bounds = [s.start_ns for s in segments[1:]]
             profile.ranks[rank] = [
-                dataclasses.replace(s, until_ns=nxt.start_ns) for s, nxt in itertools.pairwise(segments)
-            ] + [dataclasses.replace(segments[-1], until_ns=_NEVER)]
+                dataclasses.replace(s, opened_ns=opened, until_ns=until)
+                for s, opened, until in zip(segments, [0, *bounds], [*bounds, _NEVER], strict=True)
+            ]
         return profile
 
     @property

@@ -173,9 +173,9 @@ class LeakHooks:
     def _check(self, item: pytest.Item) -> None:
         before = item.stash.get(BEFORE_KEY, None)
         ending, self.scope_ending = self.scope_ending, None
+        allow = self._allow_for(item)
         # processes a rank left: the rank's launcher has killed them already (allowed ones too:
         # a rank's processes cannot outlive it), reported unless allowed
-        allow = item.stash.get(ALLOW_KEY, self.allow)
         rank_leaks = [
             Outcome(lk, True, "killed")
             for lk in item.stash.get(RANK_LEAKS_KEY, [])
@@ -206,7 +206,6 @@ class LeakHooks:
             owner = f"unittest class {item.parent.name}"
             self.pending.append(_Pending([item.parent], owner, item.nodeid, before, leaks))
             leaks = []
-        allow = self._allow_for(item)
         own = [lk for lk in leaks if allow is not None and not allow.allows(lk)]
         if any(lk.kind == "group" for lk in leaks if lk not in own):
             # an allowed group is allowed with its connections and its store's listening socket

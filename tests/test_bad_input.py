@@ -106,3 +106,7 @@ def test_every_flag_has_an_ini_twin(pytester) -> None:
     result = pytester.runpytest("-p", "no:cacheprovider", "-W", "error::pytest.PytestConfigWarning")
     result.assert_outcomes(passed=1)
     result.stdout.no_fnmatch_line("*Unknown config option*")
+    pytester.makeini("[pytest]\nddp_verbose_ranks = maybe\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini ddp_verbose_ranks: invalid truth value 'maybe'; use true or false"])

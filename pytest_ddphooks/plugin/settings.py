@@ -49,7 +49,7 @@ class Settings:
             preload=tuple(config.getini("ddp_preload")),
             spmd=_spmd_mode(config),
             plain_tests_everywhere=_choice(config, "ddp_plain_tests", ("rank0", "all")) == "all",
-            verbose_ranks=bool(config.getoption("ddp_verbose_ranks")) or bool(config.getini("ddp_verbose_ranks")),
+            verbose_ranks=bool(config.getoption("ddp_verbose_ranks")) or _ini_flag(config, "ddp_verbose_ranks"),
             explore=_explore(config),
             schedule=_schedule(config),
             prepare=_choice(config, "ddp_prepare", ("on", "off")) == "on",
@@ -93,6 +93,14 @@ def _path(config: pytest.Config, name: str) -> str | None:
             return None
         base = config.inipath.parent if config.inipath is not None else config.rootpath
     return os.path.normpath(os.path.join(base, os.path.expanduser(str(given))))
+
+
+def _ini_flag(config: pytest.Config, name: str) -> bool:
+    """The ini twin of a flag: true or false (pytest reads yes/no, on/off, 1/0 too)."""
+    try:
+        return bool(config.getini(name))
+    except (ValueError, pytest.UsageError) as exc:  # pytest words it without the name
+        raise pytest.UsageError(f"ini {name}: {exc}; use true or false") from None
 
 
 def _choice(config: pytest.Config, name: str, choices: tuple[str, ...]) -> str:

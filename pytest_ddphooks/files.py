@@ -10,3 +10,12 @@ def read_text(path: str) -> str:
             return f.read()
     except FileNotFoundError:
         return ""
+
+
+def read_bytes(path: str) -> bytes:
+    """The file's bytes, or b"" when it was never written."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""

@@ -33,6 +33,7 @@ class RankResult:
     sections: list[tuple[str, str, str]] = field(default_factory=list)  # (when, key, text): captured logs
     highlights: list[dict[str, Any]] = field(default_factory=list)  # events a timeline assertion named
     measured: Any = None  # the rank's coverage, for the session's (coverage_relay.Measured)
+    output_marks: list[tuple[str, int, int]] = field(default_factory=list)  # (phase, stdout, stderr) offsets
 
     def write(self, path: str) -> None:
         tmp = path + ".tmp"
@@ -105,6 +106,7 @@ class RunReport:
     stacks: dict[int, Stacks] = field(default_factory=dict)
     frozen: set[int] = field(default_factory=set)  # ranks found stopped (SIGSTOP) when stopped
     outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
+    phase_outputs: dict[int, list[tuple[str, str, str]]] = field(default_factory=dict)  # (phase, out, err)
     timeline: Timeline | None = None
     thread_idents: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, lane) -> ident
     swept: list[tuple[int, str]] = field(default_factory=list)  # processes ranks abandoned, killed

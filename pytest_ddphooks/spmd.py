@@ -10,10 +10,12 @@ test that may have broken it.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +59,57 @@ class RankHung(Exception):
         super().__init__(text)
         self.rank = rank
         self.text = text
+
+
+@dataclass
+class HangPost:
+    """What a rank whose watchdog fired says of itself, through the store."""
+
+    text: str  # where it is stuck, with its stack
+    blocked: list[tuple[str, int, str, list[int] | None]] = field(default_factory=list)  # (group, seq, op, members)
+    entered: dict[str, int] = field(default_factory=dict)  # group -> the last collective's seq it entered
+
+    def dumps(self) -> bytes:
+        return json.dumps({"text": self.text, "blocked": self.blocked, "entered": self.entered}).encode()
+
+    @staticmethod
+    def loads(data: bytes) -> HangPost:
+        try:
+            raw = json.loads(data)
+            blocked = [
+                (str(g), int(s), str(op), None if m is None else [int(x) for x in m]) for g, s, op, m in raw["blocked"]
+            ]
+            return HangPost(str(raw["text"]), blocked, {str(k): int(v) for k, v in raw["entered"].items()})
+        except (ValueError, KeyError, TypeError):
+            return HangPost(data.decode("utf-8", "replace"))
+
+
+def who_never_entered(posts: dict[int, HangPost], world_size: int) -> list[str]:
+    """For each collective a hung rank is blocked in: the members that never entered it, and
+    the ranks that said nothing at all (stuck in native code, or gone)."""
+    lines = []
+    seen: set[tuple[str, int]] = set()
+    for _, post in sorted(posts.items()):
+        for group, seq, op, members in post.blocked:
+            if (group, seq) in seen:
+                continue
+            seen.add((group, seq))
+            ranks = members if members is not None else list(range(world_size))
+            waiting = [r for r in ranks if r in posts and any((g, s) == (group, seq) for g, s, *_ in posts[r].blocked)]
+            behind = [r for r in ranks if r in posts and posts[r].entered.get(group, 0) < seq]
+            if behind:
+                lines.append(
+                    f"{op} #{seq} on group {group}: {_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in it, "
+                    f"{_ranks(behind)} never entered it"
+                )
+    silent = [r for r in range(world_size) if r not in posts]
+    if silent:
+        lines.append(f"{_ranks(silent)} said nothing (stuck in native code that holds the GIL, or gone)")
+    return lines
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) != 1 else ''} {','.join(str(r) for r in ranks)}"
 
 
 class Coordinator:
@@ -104,7 +157,7 @@ class Coordinator:
                 if watch is not None:
                     for r in range(self.world_size):
                         if self.store.check([f"{watch}/{r}"]):
-                            raise RankHung(r, bytes(self.store.get(f"{watch}/{r}")).decode()) from None
+                            raise RankHung(r, HangPost.loads(bytes(self.store.get(f"{watch}/{r}"))).text) from None
                 if time.monotonic() >= deadline:
                     missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
                     if missing:

@@ -79,6 +79,37 @@ def test_output_of_passing_ranks_shows_with_rA(inner) -> None:
     ran.lines("*Captured stdout rank 0 call*", "hello 0", "*Captured stdout rank 1 call*", "hello 1")
 
 
+def test_output_of_rank_fixtures_is_reported_under_their_phase(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture
+        def data(rank):
+            print(f"loading on {rank}")
+            yield rank
+            print(f"unloading on {rank}")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_talk(data):
+            print(f"body on {data}")
+            assert data == 0
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "*- Captured stdout rank 1 setup -*",
+        "loading on 1",
+        "*- Captured stdout rank 1 call -*",
+        "body on 1",
+        "*- Captured stdout rank 1 teardown -*",
+        "unloading on 1",
+    )
+    # each line once, in the section of the phase that printed it
+    assert ran.text.count("unloading on 1") == 1
+    assert "loading on 1\nbody on 1" not in ran.text
+
+
 DEATHS = {
     "exit": ("os._exit(3)", "rank 1 died: exit code 3"),
     "segv": ("os.kill(os.getpid(), signal.SIGSEGV)", "rank 1 died: killed by SIGSEGV"),

@@ -125,11 +125,20 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
             pass
         """
     )
-    code, out, seconds = torchrun(pytester.path)
+    code, out, seconds = torchrun(pytester.path, "--junitxml=out.xml")
     assert code != 0
-    assert "test_stuck.py::test_hang did not finish within 2 s on rank 1; the run stops" in out
+    assert "test_stuck.py::test_hang did not finish within 2 s; the run stops" in out
+    # who waits where, and who never came
+    assert "  barrier #1 on group default: rank 0 waits in it, rank 1 never entered it" in out
     assert "test_stuck.py:9 in test_hang: time.sleep(0.05)" in out
     assert seconds < 60
+    # rank 0 still reports the test and ends the session's reports
+    assert "FAILED test_stuck.py::test_hang - test_stuck.py::test_hang did not finish" in out
+    assert "ddphooks: test_stuck.py::test_hang hung; the run stops before the 1 test after it" in out
+    case = ET.parse(pytester.path / "out.xml").getroot().find(".//testcase[@name='test_hang']")
+    assert case is not None
+    failure = case.find("failure")
+    assert failure is not None and "rank 1 never entered it" in (failure.text or "")
 
 
 def test_faults_under_torchrun_are_a_clear_error_and_restarts_a_normal_run(pytester: pytest.Pytester) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import sys
 import threading
 
 from .job import Job
@@ -92,6 +93,37 @@ class RankOutput:
         os.dup2(null, 2)
         os.close(null)
         self._thread.join(5.0)
+
+
+def positions() -> tuple[int, int] | None:
+    """How far the rank's stdout and stderr files are written (what Python buffered
+    included): where a phase of the test begins in them. None when they are pipes (``-s``)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    try:
+        return os.lseek(1, 0, os.SEEK_CUR), os.lseek(2, 0, os.SEEK_CUR)
+    except OSError:
+        return None
+
+
+def split_by_phase(out: bytes, err: bytes, marks: list[tuple[str, int, int]]) -> list[tuple[str, str, str]]:
+    """(phase, stdout, stderr) of each phase that printed: ``marks`` holds where each phase
+    after "setup" began in the two files. Without marks it all belongs to "call"."""
+    if not marks:
+        return [("call", _text(out), _text(err))] if out or err else []
+    pieces = []
+    bounds = [("setup", 0, 0), *marks]
+    for i, (phase, out_at, err_at) in enumerate(bounds):
+        out_to, err_to = (bounds[i + 1][1], bounds[i + 1][2]) if i + 1 < len(bounds) else (len(out), len(err))
+        o, e = _text(out[out_at:out_to]), _text(err[err_at:err_to])
+        if o or e:
+            pieces.append((phase, o, e))
+    return pieces
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
 
 
 def _write(fd: int, data: bytes) -> None:

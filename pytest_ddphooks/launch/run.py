@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from .. import coverage_relay
-from ..files import read_text
+from ..files import read_bytes
 from ..progress import RankProgress
 from ..recorder import events
 from ..recorder.events import EventReader, RawEvent
@@ -36,6 +36,7 @@ from ..stacks import dump_stacks
 from . import procs, protocol
 from .job import Job
 from .launcher import Launcher
+from .output import split_by_phase
 
 # how often a waiting run looks at what the ranks recorded; a desync must be seen twice
 POLL_SECONDS = 0.5
@@ -331,9 +332,11 @@ class RunWatch:
         report, job = self.report, self.job
         report.duration = time.monotonic() - self._started
         for r in range(job.world_size):
-            out, err = read_text(job.path(r, "out")), read_text(job.path(r, "err"))
+            out, err = read_bytes(job.path(r, "out")), read_bytes(job.path(r, "err"))
             if out or err:
-                report.outputs[r] = (out, err)
+                result = report.results.get(r)
+                report.outputs[r] = (out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+                report.phase_outputs[r] = split_by_phase(out, err, result.output_marks if result else [])
         for r in range(job.world_size):
             self._read(r)  # what was written since the last look; the rest was read as it came
         raw = self._records

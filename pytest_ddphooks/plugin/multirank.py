@@ -18,7 +18,7 @@ import re
 import secrets
 import sys
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -53,6 +53,8 @@ class _Active:
     unsendable: str | None = None  # a fixture value could not be sent: the call fails with it
     teardown: RunFailure | None = None
     exploration: Exploration | None = None  # the schedules it runs under after a pass
+    # what the ranks printed in fixture teardown: pytest's teardown report shows it, as for any test
+    teardown_output: list[tuple[str, str]] = field(default_factory=list)
 
 
 ACTIVE_KEY = pytest.StashKey[_Active]()
@@ -322,6 +324,10 @@ class MultirankHooks:
         active = item.stash.get(ACTIVE_KEY, None)
         if active is not None and active.watch is not None and active.verdict is None:
             self._finish(item, active)  # the call never ran (interrupted): end the run anyway
+        if active is not None:
+            for key, text in active.teardown_output:
+                item.add_report_section("teardown", key, text)
+            active.teardown_output.clear()
         result = yield
         if active is not None and active.teardown is not None:
             failure, active.teardown = active.teardown, None
@@ -350,7 +356,7 @@ class MultirankHooks:
         if report.timeline is not None and verdict.outcome == "passed":
             for text in report.timeline.never_waited():
                 warn_at(item, NeverWaitedWarning(text))
-        self._output_sections(item, report)
+        self._output_sections(item, active, report)
         self._rank_leaks(item, report)
         if self.ddp.settings.report or page.writes_html(self.config):
             item.stash[page.VIEW_KEY] = multirank_view(
@@ -431,17 +437,21 @@ class MultirankHooks:
         test_id, run_dir = self._new_run_dir()
         return dataclasses.replace(job, test_id=test_id, run_dir=run_dir, **changes)
 
-    def _output_sections(self, item: pytest.Item, report: RunReport) -> None:
+    def _output_sections(self, item: pytest.Item, active: _Active, report: RunReport) -> None:
         for r, result in sorted(report.results.items()):
             for when, key, text in result.sections:
                 item.add_report_section(when, f"{key} rank {r}", text)
         if self._live:
             return  # it was on the terminal as it was printed
-        for r, (out, err) in sorted(report.outputs.items()):
-            if out:
-                item.add_report_section("call", f"stdout rank {r}", out)
-            if err:
-                item.add_report_section("call", f"stderr rank {r}", err)
+        for r, pieces in sorted(report.phase_outputs.items()):
+            for when, out, err in pieces:
+                for key, text in ((f"stdout rank {r}", out), (f"stderr rank {r}", err)):
+                    if not text:
+                        continue
+                    if when == "teardown":
+                        active.teardown_output.append((key, text))
+                    else:
+                        item.add_report_section(when, key, text)
 
     @staticmethod
     def _rank_leaks(item: pytest.Item, report: RunReport) -> None:

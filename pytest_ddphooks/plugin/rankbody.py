@@ -29,6 +29,7 @@ from _pytest.warnings import catch_warnings_for_item
 from .. import warning_relay
 from ..faults import Faults
 from ..launch.job import Job
+from ..launch.output import positions
 from ..launch.rank import RankContext
 from ..report import RankResult
 from .rankfixtures import RankFixtures, remember_classes, restore_test_state
@@ -135,6 +136,13 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
     fixtures: RankFixtures | None = None
     error: BaseException | None = None
     phase = "setup"
+    marks: list[tuple[str, int, int]] = []  # where the body's and the teardown's output begin
+
+    def mark(begins: str) -> None:
+        at = positions()
+        if at is not None:
+            marks.append((begins, *at))
+
     with ctx.measured.test_code():  # coverage: the test's own code, not the harness around it
         try:
             values = {}
@@ -151,6 +159,7 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
             item.funcargs = fixtures.arguments(payload.dependent)
             ctx.note("setup", "ok")
             phase = "call"
+            mark("call")
             _lend_breakpoints(ctx)
             item.ihook.pytest_pyfunc_call(pyfuncitem=item)
             if fixtures.finalizers:  # dying in their teardown is then reported as teardown
@@ -164,11 +173,14 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
                 if _wants_post_mortem(ctx, exc):
                     assert ctx.debugger is not None
                     ctx.debugger.post_mortem(exc)
+        mark("teardown")
         teardown_errors = fixtures.teardown() if fixtures is not None else []
     elapsed = time.monotonic() - started
     if error is None and teardown_errors:
         error, phase = teardown_errors[0], "teardown"
-    return outcome_of(item, ctx.rank, error, phase, elapsed, payload.markup)
+    result = outcome_of(item, ctx.rank, error, phase, elapsed, payload.markup)
+    result.output_marks = marks
+    return result
 
 
 def _lend_breakpoints(ctx: RankContext) -> None:

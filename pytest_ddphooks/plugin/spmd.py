@@ -31,7 +31,16 @@ from ..recorder import Recorder
 from ..recorder.timeline import Timeline
 from ..report import RunReport
 from ..schedule import EXPLORE_UNDER_TORCHRUN
-from ..spmd import Coordinator, RankHung, RanksMissing, first_difference, init_group, say
+from ..spmd import (
+    Coordinator,
+    HangPost,
+    RankHung,
+    RanksMissing,
+    first_difference,
+    init_group,
+    say,
+    who_never_entered,
+)
 from ..stacks import format_stack, parse_stacks, user_frame
 from .markers import RUN_KEY
 from .rankbody import outcome_of
@@ -39,6 +48,7 @@ from .reports import fail_with, raise_verdict
 from .session import DdpSession
 
 HANG_GRACE = 5.0  # past the limit, a rank's own watchdog ends the run
+REPORT_GRACE = 15.0  # what rank 0 may take then to report the test and finish the session's reports
 
 
 class SpmdHooks:
@@ -279,18 +289,61 @@ class SpmdHooks:
             self.ack = None
 
     def _on_hang(self, item: pytest.Item, recorder: Recorder, limit: float) -> None:
-        """The body outlived its limit: tell what this rank is doing, then end the run."""
+        """The body outlived its limit: tell what this rank is doing, then end the run (on
+        rank 0, with the test reported failed and the session's reports written)."""
+        post = self._hang_post(item, recorder, limit)
+        key = f"hang/{item.nodeid}"
+        with contextlib.suppress(Exception):
+            self.coord.store.set(f"{key}/{self.rank}", post.dumps())
+        if self.rank != 0:
+            # rank 0 reports it as the test's failure; leaving earlier would have torchrun
+            # stop rank 0 before it could
+            with contextlib.suppress(Exception):
+                self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=REPORT_GRACE + 10))
+            if self.ddp.settings.verbose_ranks:
+                say(post.text)
+            os._exit(3)
+        posts = {0: post}
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and len(posts) < self.world_size:
+            for r in range(1, self.world_size):
+                with contextlib.suppress(Exception):
+                    if r not in posts and self.coord.store.check([f"{key}/{r}"]):
+                        posts[r] = HangPost.loads(bytes(self.coord.store.get(f"{key}/{r}")))
+            time.sleep(0.1)
+        lines = [f"{item.nodeid} did not finish within {limit:g} s; the run stops"]
+        lines += ["  " + line for line in who_never_entered(posts, self.world_size)]
+        for r in sorted(posts):  # each rank's own words, less the line that said which test
+            lines += [f"rank {r}:", *posts[r].text.splitlines()[1:]]
+        text = "\n".join(lines)
+        if not self._report_last(item, text, limit):
+            say(text)
+        with contextlib.suppress(Exception):
+            self.coord.store.set(f"hang-ack/{item.nodeid}", b"1")
+        os._exit(3)
+
+    def _hang_post(self, item: pytest.Item, recorder: Recorder, limit: float) -> HangPost:
+        """Where this rank is stuck: its open calls and collectives, and its main thread's stack."""
         with tempfile.TemporaryFile("w+") as f:
             faulthandler.dump_traceback(file=f, all_threads=True)
             f.seek(0)
             stacks = parse_stacks(f.read())
         timeline = Timeline.from_raw({self.rank: list(recorder._raw)})
+        post = HangPost("")
+        for event in timeline.events:
+            info = event.info
+            if event.phase == "start" and event.kind == "collective" and info.get("seq") and _paired_by_group(info):
+                group = str(info.get("group"))
+                post.entered[group] = max(post.entered.get(group, 0), int(info["seq"]))
         lines = [f"ddphooks: {item.nodeid} did not finish within {limit:g} s on rank {self.rank}; the run stops"]
         for span in timeline.open_spans(self.rank):
             info = span.start.info
             if span.kind in ("collective", "p2p", "wait") and info.get("seq"):
                 what = f"the wait of {info.get('op')}" if span.kind == "wait" else info.get("op")
                 lines.append(f"  blocked in {what} #{info.get('seq')} on group {info.get('group')}")
+                if span.kind == "collective" and _paired_by_group(info):
+                    members = info.get("ranks")
+                    post.blocked.append((str(info.get("group")), int(info["seq"]), str(info.get("op")), members))
             else:
                 lines.append(f"  in {span.start.info.get('qualname') or span.name}")
         main = threading.main_thread().ident
@@ -300,31 +353,50 @@ class SpmdHooks:
                 if frame is not None:
                     lines.append(f"  stuck at {frame.path}:{frame.line} in {frame.function}: {frame.source()}")
                 lines.extend("  " + ln for ln in format_stack(thread, f"rank {self.rank} stack"))
-        text = "\n".join(lines)
-        with contextlib.suppress(Exception):
-            self.coord.store.set(f"hang/{item.nodeid}/{self.rank}", text.encode())
-        if self.rank != 0:
-            # rank 0 reports it as the test's failure; leaving earlier would have torchrun
-            # stop rank 0 before it could
-            with contextlib.suppress(Exception):
-                self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=10))
-            if self.ddp.settings.verbose_ranks:
-                say(text)
-            os._exit(3)
-        say(text)
-        if self.rank == 0:
-            deadline = time.monotonic() + 3.0
-            shown = {0}
-            while time.monotonic() < deadline and len(shown) < self.world_size:
-                for r in range(self.world_size):
-                    key = f"hang/{item.nodeid}/{r}"
-                    if r not in shown and self.coord.store.check([key]):
-                        say(bytes(self.coord.store.get(key)).decode())
-                        shown.add(r)
-                time.sleep(0.1)
-        with contextlib.suppress(Exception):
-            self.coord.store.set(f"hang-ack/{item.nodeid}", b"1")
-        os._exit(3)
+        post.text = "\n".join(lines)
+        return post
+
+    def _report_last(self, item: pytest.Item, text: str, limit: float) -> bool:
+        """Report the hung test as failed and finish the session's reports (terminal summary,
+        junit XML, the HTML page) from this thread, the main one being stuck; False when that
+        could not be done within REPORT_GRACE seconds."""
+        done = threading.Event()
+
+        def report() -> None:
+            from _pytest.reports import TestReport
+
+            capman = self.config.pluginmanager.getplugin("capturemanager")
+            sections = []
+            if capman is not None:
+                with contextlib.suppress(Exception):
+                    capman.suspend_global_capture(in_=True)
+                    out, err = capman.read_global_capture()
+                    sections = [(f"Captured {k} call", v) for k, v in (("stdout", out), ("stderr", err)) if v]
+            now = time.time()
+            keywords = {k: 1 for k in item.keywords}
+            for when, outcome, longrepr in (("call", "failed", text), ("teardown", "passed", None)):
+                rep = TestReport(
+                    item.nodeid, item.location, keywords, outcome, longrepr, when, sections, limit, now, now
+                )
+                item.ihook.pytest_runtest_logreport(report=rep)
+                sections = []
+            session = item.session
+            left = len(session.items) - session.items.index(item) - 1 if item in session.items else 0
+            session.shouldfail = f"ddphooks: {item.nodeid} hung; the run stops" + (
+                f" before the {left} test{'s' if left != 1 else ''} after it" if left else ""
+            )
+            self.config.hook.pytest_sessionfinish(session=session, exitstatus=pytest.ExitCode.TESTS_FAILED)
+            done.set()
+
+        thread = threading.Thread(target=report, name="ddphooks-spmd-last-report", daemon=True)
+        thread.start()
+        thread.join(REPORT_GRACE)
+        return done.is_set()
+
+
+def _paired_by_group(info: Any) -> bool:
+    """A collective numbered by its group's sequence (a monitored barrier counts its own)."""
+    return info.get("op") != "monitored_barrier" and not info.get("unseen")
 
 
 def _first_line(report: pytest.TestReport) -> str:

@@ -34,6 +34,7 @@ class RankResult:
     highlights: list[dict[str, Any]] = field(default_factory=list)  # events a timeline assertion named
     measured: Any = None  # the rank's coverage, for the session's (coverage_relay.Measured)
     output_marks: list[tuple[str, int, int]] = field(default_factory=list)  # (phase, stdout, stderr) offsets
+    ended_ns: int = 0  # when the body and its fixtures ended (time_ns); 0: not known
 
     def write(self, path: str) -> None:
         tmp = path + ".tmp"

@@ -164,6 +164,34 @@ def test_a_rank_that_never_joins_the_group_its_peers_init_is_said_early(inner) -
     assert ran.seconds < 30
 
 
+def test_a_native_call_cut_short_by_the_stack_dump_is_still_the_hang(inner) -> None:
+    # PyDLL keeps the GIL through libc's sleep, which the stack dump's signal interrupts: the
+    # body then runs on, and what it does after it was stopped must not be taken as its result
+    ran = inner(
+        """
+        import ctypes
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_native(rank):
+            if rank == 1:
+                ctypes.PyDLL(None).sleep(30)
+            dist.barrier()
+        """
+        + NEXT
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "hang: the test did not finish within 2 s (2 ranks)",
+        "  rank 0: blocked in barrier #1 on the default group for *",
+        "    ranks that never entered barrier #1: 1",
+        "  rank 1: still running",
+        "    stuck at test_inner.py:8 in test_native: ctypes.PyDLL(None).sleep(30)",
+    )
+    assert "finished the test body (passed)" not in ran.text
+
+
 def test_desync_without_a_hang_still_fails(inner) -> None:
     ran = inner(
         """

@@ -324,7 +324,9 @@ class RunWatch:
                         report.stacks.pop(ex.rank)  # and never answered: no "no stack" line for it
             for r in live:
                 late = RankResult.read(self.job.path(r, "result"))
-                if late is not None:
+                # a body that ended only after it was stopped ran on because the stack dump's
+                # signal cut short what held it (a native call): it did not finish in time
+                if late is not None and late.ended_ns <= report.stopped_at_ns:
                     report.results[r] = late
         self.over = True
 
@@ -340,7 +342,12 @@ class RunWatch:
         for r in range(job.world_size):
             self._read(r)  # what was written since the last look; the rest was read as it came
         raw = self._records
-        report.timeline = Timeline.from_raw(raw)
+        stopped = report.stopped_at_ns
+        # what a rank recorded after it was stopped is not the test's: the stack dump's signal
+        # may have cut short a native call that held it, and it ran on until killed
+        report.timeline = Timeline.from_raw(
+            raw if not stopped else {r: [rec for rec in recs if rec[1] <= stopped] for r, recs in raw.items()}
+        )
         report.thread_idents = {
             (r, int(rec[2])): int(rec[6]["ident"])
             for r, recs in raw.items()

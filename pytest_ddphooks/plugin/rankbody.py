@@ -180,6 +180,7 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
         error, phase = teardown_errors[0], "teardown"
     result = outcome_of(item, ctx.rank, error, phase, elapsed, payload.markup)
     result.output_marks = marks
+    result.ended_ns = time.time_ns()
     return result
 
 

@@ -12,12 +12,12 @@ needs no network. ``static_svg`` draws the same view without script, for pytest-
 from __future__ import annotations
 
 import html
-import json
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .recorder import events
+from .recorder.export import strict_json
 from .recorder.timeline import Timeline
 
 KINDS = {
@@ -115,7 +115,7 @@ def multirank_view(
 
 def write_report(path: str, views: list[dict[str, Any]], title: str) -> str:
     """Write the page; returns the path written."""
-    data = json.dumps({"title": title, "tests": views}, separators=(",", ":"))
+    data = strict_json({"title": title, "tests": views}, separators=(",", ":"))
     # a JSON string inside a script element must not close it
     data = data.replace("</", "<\\/")
     page = _page().replace("__TITLE__", html.escape(title)).replace("__DATA__", data)

@@ -67,8 +67,8 @@ class Sim:
         yield h
         self.end(h)
 
-    def mark(self, rank: int, name: str, lane: int = 0) -> None:
-        self.write(rank, next(self._ids), lane, events.MARK, events.POINT, name, None)
+    def mark(self, rank: int, name: str, lane: int = 0, **info: object) -> None:
+        self.write(rank, next(self._ids), lane, events.MARK, events.POINT, name, info or None)
 
     # -- torch.distributed calls -------------------------------------------------------------
 

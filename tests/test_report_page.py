@@ -167,6 +167,18 @@ def test_a_timeline_of_8_ranks_and_10000_events_each_draws_only_what_is_visible(
     assert 0 < drawn <= 8 * 4000, "drawn, and not every one of the 100,000 spans at once"
 
 
+def test_a_nan_in_a_mark_does_not_break_the_page(tmp_path: Path) -> None:
+    sim = Sim(2)
+    sim.mark(0, "step", loss=float("nan"))
+    sim.coll("all_reduce")
+    view = multirank_view("test_nan.py::test_nan", sim.timeline(), world_size=2)
+    view["outcome"] = "failed"
+    page = tmp_path / "nan.html"
+    write_report(str(page), [view], "nan")
+    dom = _dom(page)  # the page's data parsed: its lanes are drawn
+    assert len(dom.of_class("lane")) == 2
+
+
 def test_an_unwritable_report_path_keeps_the_outcomes_and_warns(pytester: pytest.Pytester, tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")

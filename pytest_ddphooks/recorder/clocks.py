@@ -200,8 +200,16 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                 if start is None:
                     continue
                 if e.kind == events.COLLECTIVE and start.info.get("seq"):
-                    found_inst = found.get(collective_key(start.info))
-                    if found_inst is not None:
+                    key = collective_key(start.info)
+                    found_inst = found.get(key)
+                    if found_inst is not None and e.info.get("issued") is False:
+                        # it raised before reaching the group: the next call has its number
+                        if found_inst.starts.get(rank) is start:
+                            del found_inst.starts[rank]
+                        of_call.pop(e.call_id, None)
+                        if not found_inst.starts:
+                            del found[key]
+                    elif found_inst is not None:
                         found_inst.ends[rank] = e
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq"):
                     inst = _pair(

@@ -366,7 +366,12 @@ def run_recorded(
         failed: dict[str, Any] = {"error": error_text(exc)}
         if info.get("async"):
             failed["async"] = True
-        rec.counted(info.get("group", ""), call.counter, _counter(call.pg) if call.pg is not None else None, call.p2p)
+        after = _counter(call.pg) if call.pg is not None else None
+        if after is not None and after == call.counter:
+            # raised before it reached the group (a bad root, a wrong list): no collective of
+            # the group's sequence, though it was numbered as the next one
+            failed["issued"] = False
+        rec.counted(info.get("group", ""), call.counter, after, call.p2p)
         rec.end(call_id, kind, name, failed)
         raise
     _tls.depth = 0
@@ -475,7 +480,9 @@ def _after_function_call(op: str, rec: EventLog, call: Call, result: Any) -> dic
     if op == "init_process_group":
         default = _process_group(None)
         rec.group_created(rec.group_key("default"), default, _counter(default))
-        return {"rank": int(dist.get_rank()), "world_size": int(dist.get_world_size())}
+        rank, world_size = int(dist.get_rank()), int(dist.get_world_size())
+        rec.joined(rank, world_size)
+        return {"rank": rank, "world_size": world_size}
     if op == "new_group":
         if result is dist.GroupMember.NON_GROUP_MEMBER:
             return {"group": "non-member"}

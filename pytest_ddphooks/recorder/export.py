@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
@@ -254,5 +255,24 @@ def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> str:
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(chrome_trace(timeline), f)
+        f.write(strict_json(chrome_trace(timeline)))
     return path
+
+
+def strict_json(value: Any, **options: Any) -> str:
+    """JSON that browsers parse: a NaN or infinite float (a mark's ``loss=nan``) is written as
+    the string Python shows for it, since ``NaN`` is no JSON token."""
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:  # rare: only then is the whole value walked
+        return json.dumps(_finite(value), allow_nan=False, **options)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

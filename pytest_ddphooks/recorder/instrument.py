@@ -20,6 +20,7 @@ from . import events
 from .log import EventLog, error_text
 
 _INSTRUMENTED = "__ddphooks_instrumented__"  # on a wrapper: (log id, kind, event name)
+_WRAPPED = "__ddphooks_wrapped__"  # on a wrapper: (the attribute as stored, its function, what it calls)
 Undo = Callable[[], None]
 _Call = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
@@ -172,10 +173,18 @@ def wrap(log: EventLog, target: Any, name: str, kind: str, event_name: str) -> U
     when it was instrumented that way already."""
     raw, func = _function_of(target, name)
     owner = target if isinstance(target, type) else type(target)
-    qualname = getattr(func, "__qualname__", f"{owner.__qualname__}.{name}")
     identity = (id(log), kind, event_name)
-    if getattr(func, _INSTRUMENTED, None) == identity:
-        return None
+    fn: Callable[..., Any] | None = None  # what the wrapper calls (on an object: bound)
+    done = getattr(func, _INSTRUMENTED, None)
+    if done is not None and (done[0], done[2]) == (id(log), event_name):
+        if done[1] == kind or done[1] == events.BARRIER:
+            return None  # recorded already (a barrier's events are its calls too)
+        if kind == events.BARRIER:
+            # a method instrumented as a call, now as a barrier: the barrier takes its place
+            raw, func, fn = getattr(func, _WRAPPED)
+            if not isinstance(target, type) and name not in getattr(target, "__dict__", {}):
+                fn = raw.__get__(target, owner)  # the class's wrapper: bind what it wrapped
+    qualname = getattr(func, "__qualname__", f"{owner.__qualname__}.{name}")
     is_async = kind != events.BARRIER and inspect.iscoroutinefunction(func)
     if kind == events.BARRIER:
         call = _barrier_call(log, event_name, qualname)
@@ -187,7 +196,11 @@ def wrap(log: EventLog, target: Any, name: str, kind: str, event_name: str) -> U
         # a classmethod's wrapper gets the class as its first argument, like the function
         wrapper = _forwarder(func, func, call, is_async)
         setattr(wrapper, _INSTRUMENTED, identity)
+        setattr(wrapper, _WRAPPED, (raw, func, func))
         return _install_on_class(target, name, raw, wrapper)
-    wrapper = _forwarder(func, getattr(target, name), call, is_async)
+    if fn is None:
+        fn = getattr(target, name)
+    wrapper = _forwarder(func, fn, call, is_async)
     setattr(wrapper, _INSTRUMENTED, identity)
+    setattr(wrapper, _WRAPPED, (raw, func, fn))
     return _install_on_object(target, name, wrapper)

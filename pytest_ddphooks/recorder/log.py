@@ -54,8 +54,15 @@ class EventLog:
         *,
         event_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-        self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+        # not given: the default group's, else the launcher's environment; a group created
+        # later, while recording, tells them then (``joined``)
+        self._placed = rank is not None, world_size is not None
+        group = _default_group_place()
+        if rank is None:
+            rank = group[0] if group is not None else int(os.environ.get("RANK", 0))
+        if world_size is None:
+            world_size = group[1] if group is not None else int(os.environ.get("WORLD_SIZE", 1))
+        self.rank, self.world_size = rank, world_size
         self._raw: list[RawEvent] = []
         self._file = EventFile(event_file) if event_file is not None else None
         self._ids = itertools.count(1)
@@ -255,6 +262,14 @@ class EventLog:
         if counter is not None:
             self._counter_of(group).expected = counter
 
+    def joined(self, rank: int, world_size: int) -> None:
+        """The default group was created while recording: this rank's place in it, unless
+        the recorder was told its own."""
+        if not self._placed[0]:
+            self.rank = rank
+        if not self._placed[1]:
+            self.world_size = world_size
+
     def final_counters(self) -> dict[str, int]:
         """For each group this rank created: the number of the last collective it issued on
         it, recorded or not (its counter less its own sends and receives)."""
@@ -402,6 +417,17 @@ class EventLog:
         n = self._p2p.get(key, 0) + 1
         self._p2p[key] = n
         return n
+
+
+def _default_group_place() -> tuple[int, int] | None:
+    """(rank, world size) in the default process group, if one exists."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:
+        pass
+    return None
 
 
 def _plain(value: Any) -> Any:

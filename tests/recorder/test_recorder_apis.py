@@ -269,6 +269,28 @@ def test_element_counts_differ(rank, recorder):
     )
 
 
+def test_a_collective_that_raised_before_reaching_the_group_takes_no_place_in_its_sequence(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("who", ["rank0", "both"])
+def test_bad_root(rank, recorder, who):
+    if who == "both" or rank == 0:
+        with pytest.raises(RuntimeError):
+            dist.broadcast(torch.ones(1), src=5)  # no rank 5: refused before any message
+    recorder.mark("a")
+    dist.all_reduce(torch.ones(1))
+    recorder.mark("b")
+    tl = recorder.timeline()
+    tl.assert_happens_before("a@0", "b@1")
+    tl.assert_happens_before("a@1", "b@0")
+    assert tl.collective_mismatches() == []
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
 def test_instrumenting_twice_records_once(pytester) -> None:
     result = run(
         pytester,

@@ -148,3 +148,16 @@ def test_swimlanes_are_cut_to_max_rows_and_cells_to_width() -> None:
 
 def test_swimlanes_of_nothing() -> None:
     assert Timeline({}).swimlanes() == "(no events recorded)"
+
+
+def test_a_nan_or_infinite_value_in_a_mark_still_makes_strict_json(tmp_path: Path) -> None:
+    sim = Sim(1)
+    sim.mark(0, "step", loss=float("nan"), best=float("-inf"), lr=0.1)
+    path = sim.timeline().to_chrome_trace(tmp_path / "trace.json")
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{token} is no JSON token")
+
+    data = json.loads(Path(path).read_text(), parse_constant=refuse)
+    (mark,) = [e for e in data["traceEvents"] if e["ph"] == "i"]
+    assert mark["args"] == {"loss": "nan", "best": "-inf", "lr": 0.1}

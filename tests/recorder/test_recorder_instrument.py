@@ -257,6 +257,47 @@ def test_instrumenting_twice_records_twice_and_close_undoes_both() -> None:
     assert vars(Hooks)["on_start"] is original
 
 
+class Strategy:
+    def barrier(self) -> str:
+        return "synced"
+
+    def setup(self) -> None:
+        pass
+
+
+def starts(rec: Recorder) -> list[tuple[str, str]]:
+    return [(e.kind, e.name) for e in rec.events if e.phase == events.START]
+
+
+@pytest.mark.parametrize("on", ["instance", "class", "class-then-instance"])
+@pytest.mark.parametrize("barrier_first", [False, True])
+def test_a_method_instrumented_as_a_call_and_as_a_barrier_is_recorded_once_as_the_barrier(
+    on: str, barrier_first: bool
+) -> None:
+    original = vars(Strategy)["barrier"]
+    s = Strategy()
+    rec = Recorder(0, 1)
+    call_target = Strategy if on != "instance" else s
+    barrier_target = s if on != "class" else Strategy
+    steps = [lambda: rec.instrument(call_target), lambda: rec.instrument_barrier(barrier_target, "barrier")]
+    for step in reversed(steps) if barrier_first else steps:
+        step()
+    assert s.barrier() == "synced"
+    s.setup()
+    rec.close()
+    assert starts(rec) == [(events.BARRIER, "barrier"), (events.CALL, "setup")]
+    assert vars(Strategy)["barrier"] is original and "barrier" not in vars(s)
+
+
+def test_a_barrier_under_another_name_is_another_instrumentation() -> None:
+    rec = Recorder(0, 1)
+    s = rec.instrument(Strategy())
+    rec.instrument_barrier(s, "barrier", as_name="strategy.barrier")
+    s.barrier()
+    rec.close()
+    assert starts(rec) == [(events.BARRIER, "strategy.barrier"), (events.CALL, "barrier")]
+
+
 def test_inherited_methods_instrumented_on_a_subclass_are_removed_again() -> None:
     class Child(Hooks):
         pass

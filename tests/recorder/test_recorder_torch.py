@@ -317,3 +317,53 @@ def test_instrument_barrier_counts_collectives_and_knows_if_a_group_existed(tmp_
         "issued no collective: no process group existed",
         "issued no collective: the process group existed but no collective was called",
     ]
+
+
+STANDALONE = """
+import os, sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from pytest_ddphooks import Recorder
+
+def work(rank, store, early):
+    if early:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    with Recorder() as rec:  # no RANK in the environment: the group tells
+        if not early:
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+        dist.barrier()
+        tl = rec.timeline()
+    own = len(tl.for_rank(rank)) > 0
+    os.write(1, f"rank {rank}: ranks={tl.ranks} world={rec.world_size} own={own}\\n".encode())  # one write
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.start_processes(work, args=(sys.argv[1], sys.argv[2] == "early"), nprocs=2, start_method="fork")
+"""
+
+
+@pytest.mark.parametrize("when", ["early", "late"])
+def test_a_standalone_recorder_takes_its_rank_from_the_group(tmp_path: Path, when: str) -> None:
+    import os
+    import subprocess
+
+    script = tmp_path / "standalone.py"
+    script.write_text(STANDALONE)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "store"), when],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0: ranks=[0] world=2 own=True", "rank 1: ranks=[1] world=2 own=True"]
+
+
+def test_a_recorder_told_its_rank_keeps_it(group: None) -> None:
+    with Recorder(rank=3, world_size=4) as rec:
+        rec.mark("x")
+    assert rec.rank == 3 and rec.world_size == 4
+    assert Recorder().rank == 0  # the world-size-1 group's

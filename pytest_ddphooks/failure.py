@@ -256,12 +256,20 @@ def _calls_of(report: RunReport, rank: int, at: str) -> str:
 
 def _unfired(report: RunReport) -> list[str]:
     """Faults armed on a rank that finished the test without reaching their point."""
-    out = []
+    out = _armed_elsewhere(report)
+    n = report.world_size
+    if n and all(report.taken_out(r) for r in range(n)):
+        out.append(
+            f"no rank finished the test: injected faults took out {_ranks_words(list(range(n)))}, so nothing"
+            " after them was tested (leave a rank to see what follows the fault)"
+        )
     for rank, armed in sorted(report.armed.items()):
         if rank not in report.results:
             continue  # it did not finish: whatever ended it is the story
         fired = {info.get("fault") for info in report.fired.get(rank, [])}
         for info in armed:
+            if "for" in info:
+                continue
             if "later" in info:
                 out.append(
                     f"injected fault {info.get('fault')} never fired: attempt {info['later']} never ran"
@@ -272,6 +280,28 @@ def _unfired(report: RunReport) -> list[str]:
                     f"injected fault {info.get('fault')} never fired: {_calls_of(report, rank, str(info['at']))}"
                 )
     return out
+
+
+def _armed_elsewhere(report: RunReport) -> list[str]:
+    """Faults a rank armed for other ranks that finished the test without arming them: a
+    fault acts only where it is armed, so it never could."""
+    own = {(r, info.get("call")) for r, armed in report.armed.items() for info in armed if "for" not in info}
+    out: dict[tuple[str, int], list[int]] = {}
+    for by, armed in sorted(report.armed.items()):
+        for info in armed:
+            for target in info.get("for", ()):
+                if target in report.results and (target, info.get("call")) not in own:
+                    out.setdefault((str(info.get("call")), target), []).append(by)
+    return [
+        f"injected fault {call.replace('(', f'(rank={target}, ', 1)} never fired: rank {target}, where it acts,"
+        " never armed it"
+        f" ({_ranks_words(by)} did; a fault acts only on a rank that arms it: arm it on every rank)"
+        for (call, target), by in sorted(out.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    ]
+
+
+def _ranks_words(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in sorted(set(ranks)))
 
 
 def _tail(text: str, lines: int = 25) -> tuple[str, ...]:

@@ -199,6 +199,11 @@ class Faults:
                 events.ARMED,
                 {"fault": fault.armed_as(self.rank), "call": fault.call, "at": fault.at.text, "sign": fault.sign},
             )
+        elif fault.attempt == self.attempt:
+            # armed here for other ranks only: if they never arm it too, it can never act
+            self._log.write_watch_only(
+                events.ARMED, {"fault": fault.call, "call": fault.call, "for": sorted(fault.ranks), "by": self.rank}
+            )
         elif self.rank in fault.ranks and fault.attempt > self.attempt:
             # for an attempt to come: if the test ends in this one, the fault never fires
             self._log.write_watch_only(

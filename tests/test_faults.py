@@ -98,6 +98,40 @@ def test_armed_between_its_calls(rank, faults, recorder):
     )
 
 
+def test_a_fault_only_another_rank_armed_or_one_that_leaves_no_rank_fails_the_test(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_only_rank_0_arms(rank, faults):
+    if rank == 0:
+        faults.kill(rank=1, at="dist.barrier#1")
+    dist.barrier()
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_every_rank_killed(rank, faults):
+    faults.kill(rank=[0, 1], at="dist.barrier#1")
+    dist.barrier()
+    assert False, "never reached"
+
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=30)
+def test_every_rank_killed_then_a_clean_attempt(rank, faults, restart_count):
+    faults.kill(rank=[0, 1], at="dist.barrier#1")  # attempt 0 only
+    dist.barrier()
+    assert restart_count == 1
+"""
+    )
+    ran.result.assert_outcomes(failed=2, passed=1)
+    ran.lines(
+        "injected fault kill(rank=1, at='dist.barrier#1') never fired: rank 1, where it acts, never armed it"
+        " (rank 0 did; a fault acts only on a rank that arms it: arm it on every rank)"
+    )
+    ran.lines(
+        "no rank finished the test: injected faults took out ranks 0,1, so nothing after them was tested"
+        " (leave a rank to see what follows the fault)"
+    )
+
+
 def test_a_stopped_rank_is_frozen_and_a_hang_after_it_says_so(inner) -> None:
     ran = inner(
         PRELUDE

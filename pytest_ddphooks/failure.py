@@ -427,8 +427,8 @@ def _stalled(report: RunReport, states: dict[int, RankState]) -> dict[int, str]:
         b = st.blocked
         if r in out or st.state != "blocked" or b is None:
             continue
-        if b.peer is not None and b.op == "recv" and b.peer in left:
-            out[r] = f"recv from rank {b.peer}"
+        if b.peer is not None and b.op in ("recv", "send") and b.peer in left:
+            out[r] = f"{b.op} {'from' if b.op == 'recv' else 'to'} rank {b.peer}"
         elif b.peer is None and set(b.missing) & left:
             out[r] = f"{b.op} #{b.seq} on {b.group}"
     return out
@@ -517,6 +517,9 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
     return lines
 
 
+_P2P_HALVES = {"recv from ": "a send to", "send to ": "a recv from"}
+
+
 def _stall_lines(f: RunFailure) -> list[str]:
     """``rank 1 finished the test without calling timeline(); rank 0 waits in it``"""
     who = _ranks(sorted(f.left))
@@ -526,8 +529,10 @@ def _stall_lines(f: RunFailure) -> list[str]:
     lines = []
     for what, ranks in waiting.items():
         wait = f"wait{'s' if len(ranks) == 1 else ''}"
-        if what.startswith("recv from "):  # what the finished rank left out is the send
-            lines.append(f"{who} finished the test without a send to {_ranks(ranks)}; {_ranks(ranks)} {wait} in {what}")
+        # of a receive or a send, what the finished rank left out is the other half
+        half = next((other for mine, other in _P2P_HALVES.items() if what.startswith(mine)), None)
+        if half is not None:
+            lines.append(f"{who} finished the test without {half} {_ranks(ranks)}; {_ranks(ranks)} {wait} in {what}")
         else:
             lines.append(f"{who} finished the test without calling {what}; {_ranks(ranks)} {wait} in it")
     return lines

@@ -214,8 +214,16 @@ class RankProgress:
             key = (info.get("group"), src, info.get("tag", 0))
             sent = self._of(int(src)).sent.get((info.get("group"), rank, info.get("tag", 0)), 0)
             return [int(src)] if sent <= self._of(rank).received.get(key, 0) else []
-        if sync == collectives.SEND or not info.get("seq"):
-            return []  # a send completes into the peer's buffer; nothing to wait for
+        if sync == collectives.SEND:
+            # gloo's send waits for the peer's receive: one that left without it never comes
+            dst = info.get("dst")
+            if dst is None or dst not in finished:
+                return []
+            tag = info.get("tag", 0)
+            sent = self._of(rank).sent.get((info.get("group"), dst, tag), 0)
+            return [int(dst)] if self._of(int(dst)).received.get((info.get("group"), rank, tag), 0) < sent else []
+        if not info.get("seq"):
+            return []
         members = info.get("ranks") or list(range(int(info.get("group_size") or world_size)))
         key = collective_key(info)
         return [m for m in members if m in finished and not self._may_have_entered(self._of(m), key)]

@@ -50,6 +50,44 @@ def test_a_skip_on_one_rank_while_the_other_waits_in_a_collective_is_named_at_on
     ran.lines("  rank 1: finished the test body (skipped), then waited for the other ranks")
 
 
+def test_a_send_or_a_recv_the_finished_peer_never_matched_is_named_at_once(inner) -> None:
+    ran = inner(
+        f"""
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout={LIMIT})
+        def test_send_nobody_receives(rank):
+            if rank == 0:
+                dist.send(torch.ones(1), dst=1)
+
+        @pytest.mark.multirank(world_size=2, timeout={LIMIT})
+        def test_isend_nobody_receives(rank):
+            if rank == 0:
+                dist.isend(torch.ones(1), dst=1).wait()
+
+        @pytest.mark.multirank(world_size=2, timeout={LIMIT})
+        def test_recv_nobody_sends(rank):
+            if rank == 1:
+                dist.recv(torch.ones(1), src=0)
+
+        @pytest.mark.multirank(world_size=2, timeout={LIMIT})
+        def test_matched(rank):
+            t = torch.ones(1)
+            for _ in range(3):
+                if rank == 0:
+                    dist.send(t, dst=1)
+                else:
+                    dist.recv(t, src=0)
+        """
+    )
+    ran.result.assert_outcomes(failed=3, passed=1)
+    assert ran.seconds < 30
+    assert ran.text.count("  rank 1 finished the test without a recv from rank 0; rank 0 waits in send to rank 1") == 2
+    ran.lines("  rank 0 finished the test without a send to rank 1; rank 1 waits in recv from rank 0")
+
+
 def test_work_that_does_not_need_the_finished_rank_is_left_alone(inner) -> None:
     ran = inner(
         f"""

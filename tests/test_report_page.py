@@ -132,6 +132,54 @@ def test_the_page_holds_the_sessions_multirank_tests_and_needs_no_network(report
     assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', text), "nothing is fetched from elsewhere"
 
 
+def test_multirank_tests_that_never_reached_their_ranks_are_on_the_page_too(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_unrun="""
+        import pytest
+
+        @pytest.fixture
+        def broken():
+            raise ValueError("broken on the pytest side")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fixture_error(rank, broken):
+            pass
+
+        @pytest.mark.skip(reason="not today")
+        @pytest.mark.multirank(world_size=2)
+        def test_skipped(rank):
+            pass
+
+        @pytest.mark.multirank(world_size=0)
+        def test_bad_marker(rank):
+            pass
+
+        @pytest.mark.multirank(world_size=2)
+        def test_ran(rank):
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    page = pytester.path / "report.html"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--ddp-report={page}")
+    result.assert_outcomes(passed=2, skipped=1, errors=2)
+    data = _embedded(page)
+    assert data["title"] == "pytest-ddphooks: 4 multirank tests"
+    outcomes = {t["id"].split("::")[1]: t["outcome"] for t in data["tests"]}
+    assert outcomes == {
+        "test_fixture_error": "error",
+        "test_skipped": "skipped",
+        "test_bad_marker": "error",
+        "test_ran": "passed",
+    }
+    error = next(t for t in data["tests"] if t["id"].endswith("test_fixture_error"))
+    assert "broken on the pytest side" in error["text"]
+    dom = _dom(page)  # the page draws them: a test without ranks or timeline breaks nothing
+    assert sorted(a["data-nodeid"].split("::")[1] for a in dom.of_class("test")) == sorted(outcomes)
+
+
 def test_the_page_renders_lanes_spans_and_the_missing_connection_in_a_browser(report: Path) -> None:
     dom = _dom(report)
     failed = [a for a in dom.of_class("test") if "failed" in a["class"].split()]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ..htmlreport import static_svg, write_report
+from ..htmlreport import multirank_view, static_svg, write_report
 from .session import DdpSession
 
 VIEW_ATTR = "ddphooks_view"
@@ -67,6 +67,16 @@ def _outcome(report: pytest.TestReport) -> str:
 def writes_html(config: pytest.Config) -> bool:
     """pytest-html writes a report in this session (installed is not enough: ``--html``)."""
     return config.pluginmanager.hasplugin("html") and bool(config.getoption("htmlpath", None))
+
+
+def attach_unrun(item: pytest.Item, report: pytest.TestReport) -> None:
+    """A multirank test that ended before its ranks ran gets a view without ranks."""
+    marker = item.get_closest_marker("multirank")
+    if marker is None or item.get_closest_marker("special") is not None:
+        return  # a special test's view comes from its own interpreter
+    size = marker.kwargs.get("world_size", marker.args[0] if marker.args else 0)
+    valid = isinstance(size, int) and not isinstance(size, bool) and 0 < size <= 4096  # a bad marker's: none
+    attach(item, report, multirank_view(item.nodeid, None, world_size=size if valid else 0))
 
 
 def attach(item: pytest.Item, report: pytest.TestReport, view: dict[str, Any]) -> None:

@@ -71,6 +71,8 @@ def shape_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.
     if view is not None:
         del item.stash[page.VIEW_KEY]
         page.attach(item, report, view)
+    elif call.when == "setup" and (report.failed or report.skipped):
+        page.attach_unrun(item, report)  # no ranks ran (skipped, a fixture or marker error): still on the page
     exc = call.excinfo.value if call.excinfo is not None else None
     if isinstance(exc, MultirankFailed) and report.failed:
         report.longrepr = exc.longrepr(item)

@@ -64,6 +64,41 @@ def test_ddp_pdb_rank_chooses_which_failing_rank_gets_the_debugger(pytester: pyt
     assert "rank 1: post-mortem" not in proc.text
 
 
+LATE = """
+import threading
+import pytest
+
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_rank_1_fails_later(rank):
+    late = f"rank {rank} failed late"
+    if rank == 1:
+        threading.Event().wait(1.5)  # rank 0 fails first: rank 1 must still get there
+    assert rank == 7
+"""
+
+
+def test_the_chosen_rank_is_let_fail_after_another_rank_failed_first(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_late=LATE)
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pdb", "--ddp-pdb-rank=1", "test_late.py"]
+    proc = PtyProcess(argv, str(pytester.path))
+    proc.expect("rank 1: post-mortem of its failure")
+    proc.expect("(Pdb) ")
+    proc.send("p late")
+    proc.expect("'rank 1 failed late'")
+    proc.send("q")
+    assert proc.wait() == 1
+    assert "rank 0: post-mortem" not in proc.text
+
+
+def test_a_pdb_rank_the_test_does_not_have_is_said(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_late=LATE)
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pdb", "--ddp-pdb-rank=5", "test_late.py"]
+    proc = PtyProcess(argv, str(pytester.path))
+    assert proc.wait() == 1
+    assert "--ddp-pdb-rank=5: this test has ranks 0..1; no rank opened pdb" in proc.text
+    assert "post-mortem of its failure" not in proc.text
+
+
 def test_breakpoint_in_a_rank_lends_it_the_terminal_and_continuing_goes_on(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_break="""

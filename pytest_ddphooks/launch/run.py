@@ -116,7 +116,8 @@ class RunWatch:
             if self._stop_at is not None:
                 wake = min(wake, self._stop_at)
             if self._failed_at is not None:
-                wake = min(wake, self._failed_at + self.grace)
+                if not self._debugged_rank_runs():
+                    wake = min(wake, self._failed_at + self.grace)
             else:
                 wake = min(wake, self._next_poll, self._stall_look_at or wake)
             event = self.launcher.next_event(self.job.test_id, max(wake - time.monotonic(), 0.0))
@@ -135,7 +136,7 @@ class RunWatch:
             self.report.timed_out = True
             self._stop(f"timed out after {self.job.timeout:g} s")
         elif self._failed_at is not None:
-            if now >= self._failed_at + self.grace:
+            if now >= self._failed_at + self.grace and not self._debugged_rank_runs():
                 self._stop(f"stopped after rank {self.report.first_failure} failed")
         elif now >= self._next_poll:
             self._next_poll = now + self.poll
@@ -205,6 +206,18 @@ class RunWatch:
             return
         if len(report.exits) == self.job.world_size:
             self.over = True
+
+    def _debugged_rank_runs(self) -> bool:
+        """Under --pdb with --ddp-pdb-rank=K: rank K still runs after another rank failed. It
+        is let go on, to fail (and open pdb) or finish, rather than stopped before it could."""
+        k = self.job.pdb_rank
+        return (
+            self.job.post_mortem
+            and k is not None
+            and 0 <= k < self.job.world_size
+            and k not in self.finished
+            and k not in self.report.exits
+        )
 
     def _stop_after_death(self, reason: str) -> None:
         """Stop the live ranks, once they had a moment to write their own result: a peer's

@@ -357,6 +357,13 @@ class MultirankHooks:
             for text in report.timeline.never_waited():
                 warn_at(item, NeverWaitedWarning(text))
         self._output_sections(item, active, report)
+        k = self.ddp.settings.pdb_rank
+        if self.ddp.settings.post_mortem and k is not None and k >= report.world_size and verdict.outcome == "failed":
+            item.add_report_section(
+                "call",
+                "ddphooks",
+                f"--ddp-pdb-rank={k}: this test has ranks 0..{report.world_size - 1}; no rank opened pdb",
+            )
         self._rank_leaks(item, report)
         if self.ddp.settings.report or page.writes_html(self.config):
             item.stash[page.VIEW_KEY] = multirank_view(

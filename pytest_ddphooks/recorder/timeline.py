@@ -81,6 +81,10 @@ class Mismatch:
 
 def parse_selector(selector: str) -> tuple[str, tuple[int, ...] | None]:
     """``"setup@0,2"`` -> ("setup", (0, 2)); ``"setup"`` -> ("setup", None)."""
+    if not isinstance(selector, str):
+        raise TypeError(
+            f"an event is named by a str ('setup', 'setup@0', 'setup@0,2'), got {type(selector).__name__} {selector!r}"
+        )
     name, sep, where = selector.rpartition("@")
     if sep and where and all(part.strip().isdigit() for part in where.split(",")):
         return name, tuple(int(part) for part in where.split(","))
@@ -206,7 +210,10 @@ class Timeline:
             absent = _absent_on(ranks, found) if found else ranks
             if not found or absent:
                 # a rank named in the selector must have the event: skipping it would prove nothing
-                self._fail(f"{a!r} does not happen before {b!r}: no {name!r} was recorded on {_where(absent)}")
+                self._fail(
+                    f"{a!r} does not happen before {b!r}: no {name!r} was recorded on {_where(absent)}"
+                    + self._absence_hint(name, absent)
+                )
         bad = self._violations(first, then)
         if not bad:
             return
@@ -222,6 +229,19 @@ class Timeline:
             lines.append(f"  ... and {len(bad) - 3} more pairs")
         self._fail("\n".join(lines), highlights)
 
+    def _absence_hint(self, name: str, ranks: Iterable[int] | None) -> str:
+        """Why a selector found nothing, when it is a mistake: a rank the timeline does not
+        have, or what looks like a rank list after '@' that is not one."""
+        unknown = [r for r in ranks or () if r not in self._by_rank]
+        if unknown:
+            return f" (this timeline has {_where(tuple(self.ranks))}; no rank {','.join(map(str, unknown))})"
+        if "@" in name and not self.spans(name):
+            return (
+                f" ({name!r} is read as one event name: after '@' come rank numbers, as in"
+                f" {name.rpartition('@')[0] + '@0'!r} or {name.rpartition('@')[0] + '@0,2'!r})"
+            )
+        return ""
+
     def _explain(self, x: Span, y: Span) -> list[str]:
         if x.end is None:
             return [f"{x.name} on rank {x.rank} (event #{x.start.index}) never ended"]
@@ -231,6 +251,13 @@ class Timeline:
         )
         if x.rank == y.rank and x.end.lane == y.start.lane:
             return [head + f", in that order: {y.name} came first"]
+        if x.rank == y.rank:
+            threads = [self.lanes.get((x.rank, lane)) or f"lane {lane}" for lane in (x.end.lane, y.start.lane)]
+            return [
+                head + ",",
+                f"on different threads of rank {x.rank} ({threads[0]!s}, {threads[1]!s}): what orders threads of one"
+                " process (a join, a lock, a queue) is not recorded, so it orders nothing here",
+            ]
         passed = [
             inst
             for inst in self.instances.values()
@@ -349,6 +376,13 @@ class Timeline:
         __tracebackhide__ = True
         if isinstance(names, str):
             names = [names]
+        for n in names:
+            if not isinstance(n, str):
+                raise TypeError(f"assert_order takes event names (str), got {type(n).__name__} {n!r}")
+        if rank is not None and rank not in self._by_rank:
+            self._fail(
+                f"order {' -> '.join(names)}: no rank {rank} in this timeline (it has {_where(tuple(self.ranks))})"
+            )
         ranks = self.ranks if rank is None else [rank]
         problems = []
         for r in ranks:
@@ -379,7 +413,7 @@ class Timeline:
         __tracebackhide__ = True
         base, ranks, found = self._select(name)
         if not found:
-            self._fail(f"{name!r} was never called on {_where(ranks)}")
+            self._fail(f"{name!r} was never called on {_where(ranks)}" + self._absence_hint(base, ranks))
         counts: dict[int, list[int]] = {r: [] for r in ranks or ()}
         for s in found:
             counts.setdefault(s.rank, []).append(s.start.index)

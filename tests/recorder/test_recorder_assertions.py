@@ -310,3 +310,64 @@ def test_no_mismatch_when_all_match() -> None:
     tl = sim.timeline()
     assert tl.collective_mismatches() == []
     tl.assert_collectives_match()
+
+
+# -- mistakes in what is asked ------------------------------------------------------------------
+
+
+def two_ranks() -> Timeline:
+    sim = Sim(2)
+    for r in range(2):
+        sim.call(r, "setup")
+    sim.barrier_all()
+    for r in range(2):
+        sim.call(r, "train")
+    return sim.timeline()
+
+
+@pytest.mark.parametrize("selector", ["setup@", "setup@x", "setup@-1", "setup@0,", "setup@0,,1"])
+def test_a_malformed_rank_list_is_said_to_be_read_as_a_name(selector: str) -> None:
+    with pytest.raises(TimelineAssertionError) as err:
+        two_ranks().assert_happens_before(selector, "train")
+    assert f"({selector!r} is read as one event name: after '@' come rank numbers, as in 'setup@0' or" in message(err)
+
+
+def test_a_rank_the_timeline_does_not_have_is_named_as_such() -> None:
+    tl = two_ranks()
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_happens_before("setup@7", "train")
+    assert message(err).endswith("no 'setup' was recorded on rank 7 (this timeline has ranks 0,1; no rank 7)")
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_order(["setup", "train"], rank=7)
+    assert message(err) == "order setup -> train: no rank 7 in this timeline (it has ranks 0,1)"
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_called_once("setup@5")
+    assert "(this timeline has ranks 0,1; no rank 5)" in message(err)
+
+
+def test_a_name_that_really_holds_an_at_sign_is_found_without_a_hint() -> None:
+    sim = Sim(1)
+    sim.call(0, "user@host")
+    sim.call(0, "after")
+    tl = sim.timeline()
+    tl.assert_happens_before("user@host", "after")
+    tl.assert_called_once("user@host")
+
+
+def test_an_event_given_as_a_list_is_a_type_error_that_says_so() -> None:
+    tl = two_ranks()
+    with pytest.raises(TypeError, match=r"an event is named by a str \('setup', 'setup@0', 'setup@0,2'\), got list"):
+        tl.assert_happens_before(["setup"], "train")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="assert_order takes event names"):
+        tl.assert_order(["setup", 3])  # type: ignore[list-item]
+
+
+def test_events_on_two_threads_of_one_rank_are_said_to_be_unordered_threads() -> None:
+    sim = Sim(1)
+    sim.call(0, "produce", lane=1)
+    sim.call(0, "consume", lane=0)
+    with pytest.raises(TimelineAssertionError) as err:
+        sim.timeline().assert_happens_before("produce", "consume")
+    text = message(err)
+    assert "on different threads of rank 0 (lane 1, lane 0): what orders threads of one process" in text
+    assert "took part in no collective" not in text

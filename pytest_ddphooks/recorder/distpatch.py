@@ -32,7 +32,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import active, collectives, events
+from . import active, collectives, events, warnsite
 from .collectives import OPS, PAYLOAD_ARG, describe_tensor
 from .log import EventLog, error_text
 from .log import group_counter as _counter
@@ -64,6 +64,7 @@ _NON_GROUP_MEMBER: Any = object()
 
 def install() -> None:
     """Record torch.distributed calls from now on: patch now if loaded, else as it loads."""
+    warnsite.skip_frames_of(__file__)
     for name in (_C10D, _FUNCOL):
         module = sys.modules.get(name)
         # every rank activates a recorder: a module patched already is not walked again

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import events
+from . import events, warnsite
 from .log import EventLog, error_text
 
 _INSTRUMENTED = "__ddphooks_instrumented__"  # on a wrapper: (log id, kind, event name)
@@ -172,6 +172,7 @@ def wrap(log: EventLog, target: Any, name: str, kind: str, event_name: str) -> U
     """Record every call of ``target.name`` in ``log``; returns how to undo it, or None
     when it was instrumented that way already."""
     raw, func = _function_of(target, name)
+    warnsite.skip_frames_of(__file__)
     owner = target if isinstance(target, type) else type(target)
     identity = (id(log), kind, event_name)
     fn: Callable[..., Any] | None = None  # what the wrapper calls (on an object: bound)

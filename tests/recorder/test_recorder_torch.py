@@ -367,3 +367,22 @@ def test_a_recorder_told_its_rank_keeps_it(group: None) -> None:
         rec.mark("x")
     assert rec.rank == 3 and rec.world_size == 4
     assert Recorder().rank == 0  # the world-size-1 group's
+
+
+def test_a_warning_inside_a_recorded_call_points_at_the_caller(group: None) -> None:
+    import warnings
+
+    funcol = pytest.importorskip("torch.distributed._functional_collectives")
+
+    class Hooks:
+        def on_fit(self) -> None:
+            warnings.warn("on_fit is deprecated", DeprecationWarning, stacklevel=2)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Recorder(0, 1) as rec:
+            rec.instrument(Hooks()).on_fit()
+            line = sys._getframe().f_lineno - 1
+            funcol.all_gather_tensor(torch.ones(2), 0, dist.group.WORLD).wait()
+    sites = {(Path(w.filename).name, w.lineno) for w in caught if "deprecated" in str(w.message)}
+    assert sites == {(Path(__file__).name, line), (Path(__file__).name, line + 2)}

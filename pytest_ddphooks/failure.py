@@ -129,9 +129,17 @@ class Rendered:
 # -- classification --------------------------------------------------------------------------
 
 
-def _consequence(report: RunReport, rank: int, result: RankResult) -> bool:
+def _gone_peer(report: RunReport, rank: int) -> int | None:
+    """The peer whose end a rank's "connection closed" may follow: the first rank that failed
+    or died, else one an injected fault killed."""
     first = report.first_failure
-    return first is not None and first != rank and bool(_PEER_GONE.search(result.message))
+    if first is not None and first != rank:
+        return first
+    return next((r for r in range(report.world_size) if r != rank and report.taken_out(r) == "kill"), None)
+
+
+def _consequence(report: RunReport, rank: int, result: RankResult) -> bool:
+    return _gone_peer(report, rank) is not None and bool(_PEER_GONE.search(result.message))
 
 
 def _open_collective(spans: list[Span]) -> Span | None:
@@ -359,7 +367,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
             )
         elif r in failed:
             how = "failed" if r in primary else "consequence"
-            after = None if how == "failed" else report.first_failure
+            after = None if how == "failed" else _gone_peer(report, r)
             failures.append(RankFailure(r, how, report.results[r], report.exits.get(r), after))
     unfired = _unfired(report)
     if mismatches:
@@ -662,7 +670,7 @@ def attempt_summary(report: RunReport, attempt: int) -> str:
             parts.append(f"rank {rank} {injection_words(report, rank)}")
         elif result is not None and result.outcome == "failed" and _consequence(report, rank, result):
             # as the verdict words it: its result is in, whether or not it was then stopped
-            parts.append(f"rank {rank} failed after rank {report.first_failure}, because its peer went away")
+            parts.append(f"rank {rank} failed after rank {_gone_peer(report, rank)}, because its peer went away")
         elif result is not None and rank not in report.stopped:
             parts.append(f"rank {rank} {result.outcome}")
         elif rank in report.stopped:

@@ -49,7 +49,7 @@ def test_rank0_does_not_expect_it(rank, faults):
     )
     ran.result.assert_outcomes(failed=1)
     ran.lines("rank 1 was killed by the injected fault kill(at='dist.all_reduce#2') at event #*")
-    ran.lines("*rank 0: failed: RuntimeError: *")
+    ran.lines("*rank 0: failed after rank 1, because its peer went away: RuntimeError: *")
 
 
 def test_a_fault_whose_point_is_never_reached_fails_the_test(inner) -> None:
@@ -291,4 +291,10 @@ def test_dies_twice(rank, faults):
     ran.lines(
         "attempt 0: rank 0 * after rank 1* rank 1 killed by the injected fault *",
         "attempt 1: *rank 1 killed by the injected fault kill(at='dist.all_reduce#1') at event #*",
+    )
+    # the last attempt's line and the verdict tell the same story of rank 0
+    assert "the test is over" not in ran.text
+    ran.lines(
+        "attempt 1: rank 0 failed after rank 1, because its peer went away; rank 1 killed by the injected fault *",
+        "*rank 0: failed after rank 1, because its peer went away: *",
     )

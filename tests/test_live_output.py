@@ -97,3 +97,32 @@ def test_with_s_a_special_test_prints_to_the_terminal_too(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(["*[[]rank 0[]] hello from 0*"])
     result.stdout.fnmatch_lines(["*[[]rank 1[]] hello from 1*"])
     assert result.stdout.str().count("test session starts") == 1
+
+
+def test_capsys_disabled_in_a_rank_prints_on_the_terminal_as_in_a_plain_test(inner) -> None:
+    ran = inner(
+        """
+        import sys
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_rank(rank, capsys):
+            print(f"kept {rank}")
+            with capsys.disabled():
+                print(f"shown at once by rank {rank}")
+                print(f"and on stderr by rank {rank}", file=sys.stderr)
+            print(f"kept again {rank}")
+            assert capsys.readouterr().out == f"kept {rank}\\nkept again {rank}\\n"
+            assert rank == 0
+
+        def test_plain(capfd):
+            with capfd.disabled():
+                print("shown at once by the plain test")
+        """,
+        subprocess=True,
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    for r in (0, 1):
+        assert ran.text.count(f"shown at once by rank {r}") == 1, "on the terminal, not in a captured section"
+        assert f"and on stderr by rank {r}" in ran.result.stderr.str()
+    assert "shown at once by the plain test" in ran.text

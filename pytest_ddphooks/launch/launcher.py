@@ -28,9 +28,11 @@ class Launcher:
         coverage_config: str | None = None,
         keep_terminal: int | None = None,  # the descriptor ranks print live to (-s)
         compact_memory: bool = False,
+        bypass: tuple[int, int] | None = None,  # stdout and stderr uncaptured (capsys.disabled())
     ) -> None:
         self._body_factory = body_factory
         self._keep_terminal = keep_terminal
+        self._bypass = bypass
         self._compact_memory = compact_memory
         self._preload = preload
         self._log_path = log_path
@@ -52,7 +54,7 @@ class Launcher:
             try:
                 ours.close()
                 server = ForkServer(
-                    theirs, self._body_factory, self._preload, parent, self._log_path, self._keep_terminal
+                    theirs, self._body_factory, self._preload, parent, self._log_path, self._keep_terminal, self._bypass
                 )
                 server.measure_ranks(self._coverage_config)
                 if self._compact_memory:

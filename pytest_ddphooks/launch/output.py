@@ -11,12 +11,16 @@ import os
 import select
 import sys
 import threading
+from collections.abc import Iterator
 
 from .job import Job
 from .procs import retire
 
 # the pytest process's stdout, kept open by the fork server when the session prints live
 terminal_fd: int | None = None
+# where the pytest process's stdout and stderr go uncaptured: what ``capsys.disabled()`` in a
+# rank prints to while the session captures
+bypass_fds: tuple[int, int] | None = None
 
 
 class RankOutput:
@@ -93,6 +97,32 @@ class RankOutput:
         os.dup2(null, 2)
         os.close(null)
         self._thread.join(5.0)
+
+
+@contextlib.contextmanager
+def capture_bypassed() -> Iterator[None]:
+    """Descriptors 1 and 2 on the pytest process's own stdout and stderr meanwhile, as a
+    plain test's ``capsys.disabled()`` prints (nothing changes where output is live: it
+    reaches the terminal already)."""
+    if bypass_fds is None:
+        yield
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(bypass_fds[0], 1)
+    os.dup2(bypass_fds[1], 2)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 def positions() -> tuple[int, int] | None:

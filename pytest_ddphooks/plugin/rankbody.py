@@ -29,7 +29,7 @@ from _pytest.warnings import catch_warnings_for_item
 from .. import warning_relay
 from ..faults import Faults
 from ..launch.job import Job
-from ..launch.output import positions
+from ..launch.output import capture_bypassed, positions
 from ..launch.rank import RankContext
 from ..report import RankResult
 from .rankfixtures import RankFixtures, remember_classes, restore_test_state
@@ -95,6 +95,7 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     item = _items.get(payload.nodeid)
     if item is None:
         raise LookupError(f"the rank launcher does not know the test {payload.nodeid!r}")
+    _bypass_capture_when_disabled(item.config)
     with catch_warnings_for_item(item.config, log, "runtest", item), _capturing_logs(item):
         result = _run_body(item, payload, ctx)
     result.warnings = warning_relay.unique(log.caught)
@@ -102,6 +103,22 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
         (when, key, text) for when, key, text in getattr(item, "_report_sections", []) if key == "log" and text
     ]
     return result
+
+
+def _bypass_capture_when_disabled(config: pytest.Config) -> None:
+    """``capsys.disabled()`` / ``capfd.disabled()`` in the body print where a plain test's
+    would: on the session's own stdout, not into the rank's captured output."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    disabled = getattr(capman, "global_and_fixture_disabled", None)
+    if disabled is None:
+        return
+
+    @contextlib.contextmanager
+    def on_the_terminal() -> Iterator[None]:
+        with disabled(), capture_bypassed():
+            yield
+
+    capman.global_and_fixture_disabled = on_the_terminal  # this rank's process only
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@ session's private folder, the rank launcher, and the time limits of tests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -30,6 +31,9 @@ class DdpSession:
         self._runs_folder: str | None = None
         self._coverage: dict[str, str] | None = None
         self.late_leaks: list[str] = []  # the leak guard's words for what was found after a test's report
+        # the session's own stdout and stderr, taken while pytest's capture is suspended (at
+        # configure): where a rank's capsys.disabled() prints when the session captures
+        self._bypass = (os.dup(1), os.dup(2)) if live_terminal(config) is None else None
 
     def folder(self) -> str:
         """This session's private folder for run files (removed at the end of the session)."""
@@ -88,6 +92,7 @@ class DdpSession:
                 log_path=os.path.join(self.folder(), "launcher.log"),
                 coverage_config=self.child_env().get(coverage_relay.ENV),
                 keep_terminal=live_terminal(session.config),
+                bypass=self._bypass,
                 # moving its memory into huge pages costs about 0.4 s of CPU once and saves
                 # several ms per run: worth it for more than a few runs
                 compact_memory=expected_runs >= COMPACT_MEMORY_RUNS,
@@ -112,6 +117,10 @@ class DdpSession:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
         self._folder = self._runs_folder = None
+        for fd in self._bypass or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._bypass = None
 
 
 def live_terminal(config: pytest.Config) -> int | None:

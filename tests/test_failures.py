@@ -79,6 +79,37 @@ def test_output_of_passing_ranks_shows_with_rA(inner) -> None:
     ran.lines("*Captured stdout rank 0 call*", "hello 0", "*Captured stdout rank 1 call*", "hello 1")
 
 
+def test_a_failed_comparison_in_a_rank_is_explained_as_in_a_plain_test(inner, pytester) -> None:
+    pytester.makeconftest(
+        """
+        def pytest_assertrepr_compare(op, left, right):
+            if isinstance(left, dict) and op == "==":
+                return ["the project's own explanation"]
+        """
+    )
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_lists(rank):
+            a = list(range(30))
+            b = list(range(30))
+            b[17] = 99
+            assert a == b
+
+        @pytest.mark.multirank(world_size=2)
+        def test_dicts(rank):
+            assert {"rank": rank} == {"rank": -1}
+        """,
+        "-vv",
+    )
+    ran.result.assert_outcomes(failed=2)
+    ran.lines("E *At index 17 diff: 17 != 99")
+    ran.lines("E *Full diff:*")  # -vv reaches the ranks
+    ran.lines("E *the project's own explanation")
+
+
 def test_output_of_rank_fixtures_is_reported_under_their_phase(inner) -> None:
     ran = inner(
         """

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from _pytest import assertion as _assertion
 from _pytest._code import ExceptionInfo
 from _pytest._io import TerminalWriter
 from _pytest.logging import caplog_records_key
@@ -96,13 +97,32 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     if item is None:
         raise LookupError(f"the rank launcher does not know the test {payload.nodeid!r}")
     _bypass_capture_when_disabled(item.config)
-    with catch_warnings_for_item(item.config, log, "runtest", item), _capturing_logs(item):
+    with catch_warnings_for_item(item.config, log, "runtest", item), _capturing_logs(item), _assertion_hooks(item):
         result = _run_body(item, payload, ctx)
     result.warnings = warning_relay.unique(log.caught)
     result.sections = [
         (when, key, text) for when, key, text in getattr(item, "_report_sections", []) if key == "log" and text
     ]
     return result
+
+
+@contextlib.contextmanager
+def _assertion_hooks(item: pytest.Function) -> Iterator[None]:
+    """What pytest's assertion plugin sets up around a test's protocol: a failed comparison
+    explained (the diff, ``-vv``, the project's ``pytest_assertrepr_compare``), and
+    ``pytest_assertion_pass``. The rank runs no protocol of its own, so it is set up here."""
+    setup = getattr(_assertion, "pytest_runtest_protocol", None)
+    hooks = setup(item) if setup is not None else None
+    try:
+        if hooks is not None:
+            next(hooks)
+    except Exception:
+        hooks = None  # another pytest: the failure then shows without the comparison
+    try:
+        yield
+    finally:
+        if hooks is not None:
+            hooks.close()
 
 
 def _bypass_capture_when_disabled(config: pytest.Config) -> None:

@@ -27,6 +27,7 @@ def skip_frames_of(*files: str) -> None:
 def _warn(
     message: Any, category: Any = None, stacklevel: int = 1, source: Any = None, *args: Any, **kwargs: Any
 ) -> None:
+    __tracebackhide__ = True  # a warning turned into an error is raised here: pytest shows the caller
     try:
         frame = sys._getframe(stacklevel)  # where the warning would point (0 is this function)
         while frame.f_code.co_filename in _wrapper_files and frame.f_back is not None:

@@ -190,3 +190,27 @@ def test_getfixturevalue_in_a_fixture_evaluated_in_the_rank(inner) -> None:
         """
     )
     ran.result.assert_outcomes(passed=2)
+
+
+def test_tmp_path_factory_reaches_the_ranks_after_the_session_used_it(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        def test_plain_first(tmp_path):
+            (tmp_path / "plain").write_text("p")
+
+        @pytest.fixture(scope="session")
+        def data_dir(tmp_path_factory):
+            folder = tmp_path_factory.mktemp("data")
+            (folder / "x").write_text("1")
+            return folder
+
+        @pytest.mark.multirank(world_size=2)
+        def test_factory(rank, tmp_path_factory, data_dir):
+            mine = tmp_path_factory.mktemp(f"rank{rank}")
+            assert mine.parent == tmp_path_factory.getbasetemp() == data_dir.parent
+            assert (data_dir / "x").read_text() == "1"
+        """
+    )
+    ran.result.assert_outcomes(passed=2)

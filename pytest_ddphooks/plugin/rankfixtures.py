@@ -10,12 +10,14 @@ declared scope (a value that differs per rank cannot be shared).
 from __future__ import annotations
 
 import inspect
+import io
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import pytest
+from _pytest.tmpdir import TempPathFactory
 
 # what only makes sense in the process the body runs in: each rank captures, records,
 # patches and collects warnings of its own
@@ -114,13 +116,39 @@ def needed_values(item: pytest.Function, dependent: list[str]) -> list[str]:
     return wanted
 
 
+class _ToRanks(pickle.Pickler):
+    """Pickles fixture values for the ranks; pytest's own objects that hold callbacks of the
+    session travel as what a rank needs of them."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is TempPathFactory:
+            # the session's factory keeps its end-of-session cleanups: a rank gets one on the
+            # same base folder (made here if not yet), whose numbered folders never collide
+            return _factory_in_rank, (obj.getbasetemp(), obj._retention_count, obj._retention_policy)
+        return NotImplemented
+
+
+def _to_ranks(value: Any) -> bytes:
+    buf = io.BytesIO()
+    _ToRanks(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buf.getvalue()
+
+
+def _factory_in_rank(basetemp: Any, retention_count: int, retention_policy: Any) -> TempPathFactory:
+    return TempPathFactory(None, retention_count, retention_policy, _no_trace, basetemp, _ispytest=True)
+
+
+def _no_trace(*args: Any) -> None:
+    pass
+
+
 def pickle_values(item: pytest.Function, names: list[str]) -> dict[str, bytes]:
     out = {}
     for name in names:
         if name not in item.funcargs:
             continue
         try:
-            out[name] = pickle.dumps(item.funcargs[name], protocol=pickle.HIGHEST_PROTOCOL)
+            out[name] = _to_ranks(item.funcargs[name])
         except Exception as exc:
             raise FixtureNotSendable(name, f"{type(exc).__name__}: {exc}") from None
     return out
@@ -159,10 +187,10 @@ def pickle_test_state(item: pytest.Function) -> bytes | None:
     for where, state in (("self", own), (cls_name, shared)):
         for key, value in state.items():
             try:
-                pickle.dumps(value)
+                _to_ranks(value)
             except Exception as exc:
                 raise FixtureNotSendable(f"{where}.{key}", f"{type(exc).__name__}: {exc}") from None
-    return pickle.dumps((own, shared), protocol=pickle.HIGHEST_PROTOCOL)
+    return _to_ranks((own, shared))
 
 
 def restore_test_state(item: pytest.Function, blob: bytes) -> None:

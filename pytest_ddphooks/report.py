@@ -35,6 +35,8 @@ class RankResult:
     measured: Any = None  # the rank's coverage, for the session's (coverage_relay.Measured)
     output_marks: list[tuple[str, int, int]] = field(default_factory=list)  # (phase, stdout, stderr) offsets
     ended_ns: int = 0  # when the body and its fixtures ended (time_ns); 0: not known
+    properties: list[tuple[str, Any]] = field(default_factory=list)  # record_property and user_properties
+    suite_properties: list[tuple[str, Any]] = field(default_factory=list)  # record_testsuite_property
 
     def write(self, path: str) -> None:
         tmp = path + ".tmp"

@@ -214,3 +214,31 @@ def test_tmp_path_factory_reaches_the_ranks_after_the_session_used_it(inner) -> 
         """
     )
     ran.result.assert_outcomes(passed=2)
+
+
+def test_properties_the_ranks_record_reach_the_junit_report(inner, pytester) -> None:
+    import xml.etree.ElementTree as ET
+
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_props(rank, record_property, record_testsuite_property, request):
+            record_property("loss", 0.5 + rank)
+            record_property("backend", "gloo")  # the same on both ranks: once
+            request.node.user_properties.append((f"seen_by_{rank}", True))
+            record_testsuite_property("torch", "2.13")
+        """,
+        "--junitxml=out.xml",
+        "-o",
+        "junit_family=xunit1",
+    )
+    ran.result.assert_outcomes(passed=1)
+    root = ET.parse(pytester.path / "out.xml").getroot()
+    case = root.find(".//testcase[@name='test_props']")
+    assert case is not None
+    props = sorted((p.get("name"), p.get("value")) for p in case.iter("property"))
+    assert props == [("backend", "gloo"), ("loss", "0.5"), ("loss", "1.5"), ("seen_by_0", "True"), ("seen_by_1", "True")]
+    suite = [(p.get("name"), p.get("value")) for p in root.find(".//testsuite/properties")]
+    assert suite == [("torch", "2.13")]

@@ -23,6 +23,7 @@ import pytest
 from _pytest import assertion as _assertion
 from _pytest._code import ExceptionInfo
 from _pytest._io import TerminalWriter
+from _pytest.junitxml import xml_key
 from _pytest.logging import caplog_records_key
 from _pytest.outcomes import Exit, Skipped, XFailed
 from _pytest.warnings import catch_warnings_for_item
@@ -97,13 +98,24 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     if item is None:
         raise LookupError(f"the rank launcher does not know the test {payload.nodeid!r}")
     _bypass_capture_when_disabled(item.config)
+    xml = item.config.stash.get(xml_key, None)
+    had = len(item.user_properties), len(xml.global_properties) if xml is not None else 0
     with catch_warnings_for_item(item.config, log, "runtest", item), _capturing_logs(item), _assertion_hooks(item):
         result = _run_body(item, payload, ctx)
+    # what the body recorded for the junit report (record_property, record_testsuite_property)
+    result.properties = [_sendable(p) for p in item.user_properties[had[0] :]]
+    result.suite_properties = [_sendable(p) for p in xml.global_properties[had[1] :]] if xml is not None else []
     result.warnings = warning_relay.unique(log.caught)
     result.sections = [
         (when, key, text) for when, key, text in getattr(item, "_report_sections", []) if key == "log" and text
     ]
     return result
+
+
+def _sendable(prop: Any) -> tuple[str, Any]:
+    """A recorded property the pytest process can take: junit writes its value as text."""
+    name, value = prop
+    return str(name), value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
 @contextlib.contextmanager

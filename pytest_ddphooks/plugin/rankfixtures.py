@@ -36,6 +36,8 @@ RANK_LOCAL = frozenset(
         "capfdbinary",
         "caplog",
         "recwarn",
+        "record_property",  # what they record travels back with the rank's result
+        "record_testsuite_property",
     }
 )
 RANK_RESOLVED = RANK_LOCAL | {"request"}

@@ -442,3 +442,69 @@ def test_after_the_session_no_process_and_no_file_is_left(inner, tmp_path, monke
     ran.result.assert_outcomes(passed=2, failed=2, errors=1)
     assert _processes_with(tag) == [], "a process the plugin started outlived the session"
     assert list(private_tmp.iterdir()) == [], "the plugin left files in the temporary folder"
+
+
+def test_xfail_raises_is_checked_against_the_ranks_exceptions(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        class MyError(Exception):
+            pass
+
+        @pytest.mark.xfail(raises=ZeroDivisionError)
+        @pytest.mark.multirank(world_size=2)
+        def test_expected(rank):
+            1 / 0
+
+        @pytest.mark.xfail(raises=(MyError, KeyError))
+        @pytest.mark.multirank(world_size=2)
+        def test_either(rank):
+            raise MyError("x") if rank == 0 else KeyError("y")
+
+        @pytest.mark.xfail(raises=AssertionError, strict=True)
+        @pytest.mark.multirank(world_size=2)
+        def test_one_rank(rank):
+            assert rank == 0
+
+        @pytest.mark.xfail(raises=ZeroDivisionError)
+        @pytest.mark.multirank(world_size=2)
+        def test_other_error(rank):
+            raise ValueError("not the expected one")
+
+        @pytest.mark.xfail(raises=ZeroDivisionError)
+        @pytest.mark.multirank(world_size=2)
+        def test_one_expected_one_not(rank):
+            if rank == 0:
+                1 / 0
+            raise ValueError("rank 1's own")
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(xfailed=3, failed=2)
+    ran.lines("FAILED test_inner.py::test_other_error - *")
+    ran.lines("FAILED test_inner.py::test_one_expected_one_not - *")
+
+
+def test_pytest_exit_in_a_rank_ends_the_session_with_its_code(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        def test_before():
+            pass
+
+        @pytest.mark.multirank(world_size=2)
+        def test_stops(rank):
+            pytest.exit("stop everything", returncode=3)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_never_runs(rank):
+            pass
+        """,
+        subprocess=True,
+    )
+    assert ran.result.ret == 3
+    ran.result.assert_outcomes(passed=1)
+    ran.lines("*! _pytest.outcomes.Exit: stop everything !*")
+    assert "test_never_runs" not in ran.text

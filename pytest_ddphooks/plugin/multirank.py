@@ -56,6 +56,7 @@ class _Active:
     exploration: Exploration | None = None  # the schedules it runs under after a pass
     # what the ranks printed in fixture teardown: pytest's teardown report shows it, as for any test
     teardown_output: list[tuple[str, str]] = field(default_factory=list)
+    exit_request: tuple[str, int | None] | None = None  # a rank called pytest.exit(): the session ends
 
 
 ACTIVE_KEY = pytest.StashKey[_Active]()
@@ -311,6 +312,9 @@ class MultirankHooks:
         if active.unsendable is not None:
             raise fail_with(active.unsendable)
         verdict = active.verdict or self._finish(pyfuncitem, active)
+        if active.exit_request is not None:  # as pytest.exit() in a plain test: the session stops
+            message, returncode = active.exit_request
+            pytest.exit(message, returncode)
         raise_verdict(verdict, debugging=self.ddp.settings.post_mortem)
         return True
 
@@ -372,6 +376,7 @@ class MultirankHooks:
                 warn_at(item, NeverWaitedWarning(text))
         self._output_sections(item, active, report)
         _relay_properties(item, report)
+        active.exit_request = next((r.exit_request for _, r in sorted(report.results.items()) if r.exit_request), None)
         k = self.ddp.settings.pdb_rank
         if self.ddp.settings.post_mortem and k is not None and k >= report.world_size and verdict.outcome == "failed":
             item.add_report_section(

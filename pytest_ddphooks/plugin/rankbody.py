@@ -277,4 +277,8 @@ def outcome_of(
         rank, "failed", longrepr=text, message=message, location=location, duration=elapsed, phase=phase
     )
     result.highlights = list(getattr(error, "highlights", None) or [])
+    if isinstance(error, Exit):
+        result.exit_request = (str(error.msg), error.returncode)
+    with contextlib.suppress(Exception):  # a class the pytest process cannot import by name: none
+        result.error_class = pickle.dumps(type(error))
     return result

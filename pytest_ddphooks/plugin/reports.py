@@ -5,24 +5,29 @@ rank's skip, and warnings raised in other processes."""
 from __future__ import annotations
 
 import bdb
+import pickle
 import warnings
 from collections.abc import Generator
 
 import pytest
 from _pytest._code.code import ReprEntryNative, ReprExceptionInfo, ReprFileLocation, ReprTraceback
 from _pytest.outcomes import Skipped
+from _pytest.skipping import xfailed_key
 
 from .. import warning_relay
-from ..failure import Rendered, Verdict, render
+from ..failure import FAILURE, Rendered, RunFailure, Verdict, render
 from . import page
 
 
 class MultirankFailed(Exception):
     """A multirank run failed; carries the report the user reads."""
 
-    def __init__(self, rendered: Rendered) -> None:
+    def __init__(self, rendered: Rendered, errors: list[type[BaseException]] | None = None) -> None:
         super().__init__(rendered.message)
         self.rendered = rendered
+        # the exception classes of the failing ranks, when every one failed with an exception
+        # of its own (no death, no hang): what ``xfail(raises=...)`` is checked against
+        self.errors = errors or []
 
     def longrepr(self, item: pytest.Item) -> ReprExceptionInfo:
         r = self.rendered
@@ -59,11 +64,44 @@ def fail_with(text: str, message: str | None = None) -> MultirankFailed:
 def raise_verdict(verdict: Verdict, debugging: bool = False) -> None:
     """End the test's call phase as the merged verdict of its ranks says."""
     if verdict.outcome == "failed" and verdict.failure is not None:
-        raise (DebuggedMultirankFailed if debugging else MultirankFailed)(render(verdict.failure))
+        raise (DebuggedMultirankFailed if debugging else MultirankFailed)(
+            render(verdict.failure), _rank_errors(verdict.failure)
+        )
     if verdict.outcome == "xfailed":
         pytest.xfail(verdict.message)
     if verdict.outcome == "skipped":
         raise RankSkipped(verdict.message, verdict.location)
+
+
+def _rank_errors(failure: RunFailure) -> list[type[BaseException]]:
+    """The exception classes the root failures raised; none when any rank's story is not an
+    exception of its own (a death, a hang, a desync)."""
+    if failure.cause != FAILURE:
+        return []
+    out = []
+    for rf in failure.failures:
+        if rf.how == "consequence":
+            continue
+        if rf.how != "failed" or rf.result is None or rf.result.error_class is None:
+            return []
+        try:
+            cls = pickle.loads(rf.result.error_class)
+        except Exception:
+            return []
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            return []
+        out.append(cls)
+    return out
+
+
+def _expected_failure(item: pytest.Item, exc: MultirankFailed) -> str | None:
+    """The reason of the test's ``xfail(raises=...)`` when every failing rank raised one of
+    those exceptions (pytest checks ``raises`` against the exception in this process: the
+    ranks' are what it means)."""
+    xfailed = item.stash.get(xfailed_key, None)
+    if xfailed is None or xfailed.raises is None or item.config.option.runxfail or not exc.errors:
+        return None
+    return xfailed.reason if all(issubclass(cls, xfailed.raises) for cls in exc.errors) else None
 
 
 def shape_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> pytest.TestReport:
@@ -76,6 +114,10 @@ def shape_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.
     exc = call.excinfo.value if call.excinfo is not None else None
     if isinstance(exc, MultirankFailed) and report.failed:
         report.longrepr = exc.longrepr(item)
+        reason = _expected_failure(item, exc) if call.when == "call" else None
+        if reason is not None:
+            report.outcome = "skipped"
+            report.wasxfail = reason
     elif isinstance(exc, RankSkipped) and report.skipped and exc.location is not None:
         report.longrepr = (exc.location[0], exc.location[1], exc.message)
     return report

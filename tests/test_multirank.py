@@ -192,10 +192,16 @@ def test_unsendable_fixture_fails_naming_it(inner) -> None:
         @pytest.mark.multirank(world_size=2)
         def test_lock(lock):
             pass
+
+        @pytest.mark.parametrize("fn", [lambda x: x])
+        @pytest.mark.multirank(world_size=2)
+        def test_lambda(rank, fn):
+            pass
         """
     )
-    ran.result.assert_outcomes(failed=1)
+    ran.result.assert_outcomes(failed=2)
     ran.lines("*fixture 'lock' cannot be sent to the ranks: TypeError: cannot pickle '_thread.lock' object*")
+    ran.lines("*parametrize argument 'fn' cannot be sent to the ranks: PicklingError: *")
 
 
 def test_tmp_path_is_one_folder_for_all_ranks(inner) -> None:

@@ -44,10 +44,17 @@ RANK_RESOLVED = RANK_LOCAL | {"request"}
 
 
 class FixtureNotSendable(Exception):
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(f"fixture {name!r} cannot be sent to the ranks: {reason}")
+    def __init__(self, name: str, reason: str, what: str = "fixture") -> None:
+        super().__init__(f"{what} {name!r} cannot be sent to the ranks: {reason}")
         self.name = name
         self.reason = reason
+
+
+def _kind_of(item: pytest.Function, name: str) -> str:
+    """How the user knows a value: a ``parametrize`` argument, or a fixture."""
+    defs = item._fixtureinfo.name2fixturedefs.get(name) or ()
+    direct = any(getattr(d.func, "__name__", "") == "get_direct_param_fixture_func" for d in defs)
+    return "parametrize argument" if direct else "fixture"
 
 
 def _defs(item: pytest.Function, name: str) -> list[Any]:
@@ -152,7 +159,7 @@ def pickle_values(item: pytest.Function, names: list[str]) -> dict[str, bytes]:
         try:
             out[name] = _to_ranks(item.funcargs[name])
         except Exception as exc:
-            raise FixtureNotSendable(name, f"{type(exc).__name__}: {exc}") from None
+            raise FixtureNotSendable(name, f"{type(exc).__name__}: {exc}", _kind_of(item, name)) from None
     return out
 
 

@@ -239,6 +239,12 @@ def test_properties_the_ranks_record_reach_the_junit_report(inner, pytester) -> 
     case = root.find(".//testcase[@name='test_props']")
     assert case is not None
     props = sorted((p.get("name"), p.get("value")) for p in case.iter("property"))
-    assert props == [("backend", "gloo"), ("loss", "0.5"), ("loss", "1.5"), ("seen_by_0", "True"), ("seen_by_1", "True")]
+    assert props == [
+        ("backend", "gloo"),
+        ("loss", "0.5"),
+        ("loss", "1.5"),
+        ("seen_by_0", "True"),
+        ("seen_by_1", "True"),
+    ]
     suite = [(p.get("name"), p.get("value")) for p in root.find(".//testsuite/properties")]
     assert suite == [("torch", "2.13")]

@@ -132,10 +132,14 @@ class Rendered:
 def _gone_peer(report: RunReport, rank: int) -> int | None:
     """The peer whose end a rank's "connection closed" may follow: the first rank that failed
     or died, else one an injected fault killed."""
+    killed = next((r for r in range(report.world_size) if r != rank and report.taken_out(r) == "kill"), None)
     first = report.first_failure
-    if first is not None and first != rank:
-        return first
-    return next((r for r in range(report.world_size) if r != rank and report.taken_out(r) == "kill"), None)
+    if first is None or first == rank:
+        return killed
+    first_result = report.results.get(first)
+    if killed is not None and first_result is not None and _PEER_GONE.search(first_result.message):
+        return killed  # the first to fail only lost its peer too: the killed one went first
+    return first
 
 
 def _consequence(report: RunReport, rank: int, result: RankResult) -> bool:

@@ -156,7 +156,8 @@ class Coordinator:
             except Exception:
                 if watch is not None:
                     for r in range(self.world_size):
-                        if self.store.check([f"{watch}/{r}"]):
+                        # this rank's own post: its watchdog reports it (the body returned late)
+                        if r != self.rank and self.store.check([f"{watch}/{r}"]):
                             raise RankHung(r, HangPost.loads(bytes(self.store.get(f"{watch}/{r}"))).text) from None
                 if time.monotonic() >= deadline:
                     missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
@@ -164,6 +165,11 @@ class Coordinator:
                         raise RanksMissing(what, missing, timeout) from None
                     break
         return [bytes(self.store.get(k)) for k in keys]
+
+    def arrived(self, name: str) -> list[int]:
+        """The ranks that already posted their value for this rank's next call of ``name``."""
+        n = self._calls.get(name, 0) + 1
+        return [r for r in range(self.world_size) if self.store.check([f"{name}/{n}/{r}"])]
 
 
 def first_difference(lists: Sequence[Sequence[str]]) -> str | None:

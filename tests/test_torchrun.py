@@ -141,6 +141,27 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
     assert failure is not None and "rank 1 never entered it" in (failure.text or "")
 
 
+def test_a_rank_that_finished_while_rank_0_hangs_lets_rank_0_report(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_skip="""
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_hang(rank):
+            if rank == 0:
+                dist.barrier()
+        """
+    )
+    code, out, seconds = torchrun(pytester.path, "--junitxml=out.xml")
+    assert code != 0 and seconds < 60
+    assert "  barrier #1 on group default: rank 0 waits in it, rank 1 never entered it" in out
+    assert "  finished the test body, then waited for the other ranks" in out
+    assert "said nothing" not in out
+    assert "FAILED test_skip.py::test_hang" in out
+    assert (pytester.path / "out.xml").exists()
+
+
 def test_faults_under_torchrun_are_a_clear_error_and_restarts_a_normal_run(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_faulty="""

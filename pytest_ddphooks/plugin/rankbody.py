@@ -222,6 +222,10 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
                 if _wants_post_mortem(ctx, exc):
                     assert ctx.debugger is not None
                     ctx.debugger.post_mortem(exc)
+        # as pytest ends a call: what capsys/capfd captured and nobody read is the call's output
+        capman = item.config.pluginmanager.getplugin("capturemanager")
+        with contextlib.suppress(Exception):
+            capman.deactivate_fixture()
         mark("teardown")
         teardown_errors = fixtures.teardown() if fixtures is not None else []
     elapsed = time.monotonic() - started

@@ -72,6 +72,7 @@ class SpmdHooks:
         self.current: str | None = None
         self.ack: str | None = None  # set once rank 0 reported a hung rank's test
         self._plain_failures: list[str] = []  # this rank's, in the plain test running now
+        self._watchdog_owns = threading.Event()  # set as a watchdog takes the hung test over
         # torchrun stops the other workers with SIGTERM when one fails: say where this one was
         faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 
@@ -253,6 +254,10 @@ class SpmdHooks:
         finally:
             watchdog.cancel()
             self.current = None
+        if self._watchdog_owns.is_set():
+            # the body returned past its limit, once the watchdog had taken the test over: it
+            # reports and ends this process; nothing more is said from here
+            threading.Event().wait()
         markup = bool(self.config.get_terminal_writer().hasmarkup)
         result = outcome_of(item, self.rank, error, "call", time.monotonic() - started, markup)
         try:
@@ -264,6 +269,10 @@ class SpmdHooks:
             self._missing(item, exc)
         except RankHung as exc:
             item.session.shouldfail = f"ddphooks: rank {exc.rank} hung in {item.nodeid}"
+            if self.rank != 0:
+                # rank 0 reports it: leaving first would have torchrun stop rank 0 before it could
+                with contextlib.suppress(Exception):
+                    self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=REPORT_GRACE + 10))
             self.ack = f"hang-ack/{item.nodeid}"
             raise fail_with(exc.text + "\nthe run stops here", f"rank {exc.rank} hung") from None
         finally:
@@ -291,6 +300,7 @@ class SpmdHooks:
     def _on_hang(self, item: pytest.Item, recorder: Recorder, limit: float) -> None:
         """The body outlived its limit: tell what this rank is doing, then end the run (on
         rank 0, with the test reported failed and the session's reports written)."""
+        self._watchdog_owns.set()
         post = self._hang_post(item, recorder, limit)
         key = f"hang/{item.nodeid}"
         with contextlib.suppress(Exception):
@@ -306,11 +316,17 @@ class SpmdHooks:
         posts = {0: post}
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and len(posts) < self.world_size:
+            finished: list[int] = []
+            with contextlib.suppress(Exception):
+                finished = self.coord.arrived("result")  # their body returned: they wait for the others
             for r in range(1, self.world_size):
                 with contextlib.suppress(Exception):
                     if r not in posts and self.coord.store.check([f"{key}/{r}"]):
                         posts[r] = HangPost.loads(bytes(self.coord.store.get(f"{key}/{r}")))
-            time.sleep(0.1)
+                    elif r not in posts and r in finished:
+                        posts[r] = HangPost(f"rank {r}\n  finished the test body, then waited for the other ranks")
+            if len(posts) < self.world_size:
+                time.sleep(0.1)
         lines = [f"{item.nodeid} did not finish within {limit:g} s; the run stops"]
         lines += ["  " + line for line in who_never_entered(posts, self.world_size)]
         for r in sorted(posts):  # each rank's own words, less the line that said which test
@@ -382,6 +398,7 @@ class SpmdHooks:
                 sections = []
             session = item.session
             left = len(session.items) - session.items.index(item) - 1 if item in session.items else 0
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
             session.shouldfail = f"ddphooks: {item.nodeid} hung; the run stops" + (
                 f" before the {left} test{'s' if left != 1 else ''} after it" if left else ""
             )

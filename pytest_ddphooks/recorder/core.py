@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import active, distpatch, events
+from . import active, distpatch, events, warnsite
 from .instrument import Undo, public_methods, wrap
 from .log import EventLog
 from .native import NativeCalls
@@ -40,6 +40,8 @@ class Recorder(EventLog):
         exchange: Exchange | None = None,
     ) -> None:
         super().__init__(rank, world_size, event_file=event_file)
+        warnsite.hold()  # until close(): warnings inside its wrappers name their callers
+        self._holds_warnings = True
         self._exchange = exchange
         self._exchanges = 0
         self._undo: list[Undo] = []
@@ -95,6 +97,9 @@ class Recorder(EventLog):
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._holds_warnings:
+            self._holds_warnings = False
+            warnsite.release()
 
     def __enter__(self) -> Recorder:
         return self.activate()

@@ -41,6 +41,8 @@ _C10D = "torch.distributed.distributed_c10d"
 _FUNCOL = "torch.distributed._functional_collectives"
 _MARK = "__ddphooks_original__"
 
+warnsite.skip_frames_of(__file__)  # a warning inside a wrapper names its caller
+
 
 class _Depth(threading.local):
     depth = 0  # 1 while a recorded call runs on this thread: what it calls is not recorded again
@@ -64,7 +66,6 @@ _NON_GROUP_MEMBER: Any = object()
 
 def install() -> None:
     """Record torch.distributed calls from now on: patch now if loaded, else as it loads."""
-    warnsite.skip_frames_of(__file__)
     for name in (_C10D, _FUNCOL):
         module = sys.modules.get(name)
         # every rank activates a recorder: a module patched already is not walked again

@@ -24,6 +24,8 @@ _WRAPPED = "__ddphooks_wrapped__"  # on a wrapper: (the attribute as stored, its
 Undo = Callable[[], None]
 _Call = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
+warnsite.skip_frames_of(__file__)  # a warning inside a wrapper names its caller
+
 
 def group_exists() -> bool:
     dist = sys.modules.get("torch.distributed")
@@ -172,7 +174,6 @@ def wrap(log: EventLog, target: Any, name: str, kind: str, event_name: str) -> U
     """Record every call of ``target.name`` in ``log``; returns how to undo it, or None
     when it was instrumented that way already."""
     raw, func = _function_of(target, name)
-    warnsite.skip_frames_of(__file__)
     owner = target if isinstance(target, type) else type(target)
     identity = (id(log), kind, event_name)
     fn: Callable[..., Any] | None = None  # what the wrapper calls (on an object: bound)

@@ -67,6 +67,20 @@ def test_a_rank_that_failed_because_its_peer_went_away_is_a_consequence() -> Non
     assert "  rank 1: failed after rank 0, because its peer went away: RuntimeError: [pair.cc:553] Connection" in text
 
 
+def test_ranks_that_lost_a_peer_an_injected_fault_killed_are_its_consequences() -> None:
+    gone = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1234"
+    report = _report(
+        3,
+        results={0: _failed(0, gone), 1: _failed(1, gone)},
+        first_failure=0,  # rank 0 only lost its peer first
+        fired={2: [{"action": "kill", "sign": "SIGKILL", "fault": "kill(rank=2, at='dist.barrier#1')"}]},
+    )
+    report.exits[2] = RankExit(2, 102, None, signal.SIGKILL)
+    f = classify(report).failure
+    assert f is not None
+    assert [(rf.rank, rf.how, rf.after) for rf in f.failures] == [(0, "consequence", 2), (1, "consequence", 2)]
+
+
 def test_a_death_before_reporting_stops_the_others_and_is_the_root_cause() -> None:
     report = _report(
         exits={1: RankExit(1, 101, None, signal.SIGSEGV), 0: RankExit(0, 100, None, signal.SIGKILL, True)},

@@ -188,6 +188,8 @@ def test_special_test_that_hangs_is_killed_and_the_session_goes_on(pytester) -> 
 
         @pytest.mark.special
         def test_sleeps():
+            import signal  # as Lightning's trainer around a fit: every handler saved and put back
+            signal.signal(signal.SIGUSR1, signal.getsignal(signal.SIGUSR1))
             subprocess.Popen(["sleep", "600"])
             time.sleep(600)
 
@@ -211,14 +213,14 @@ def test_special_test_that_hangs_is_killed_and_the_session_goes_on(pytester) -> 
             "*_ test_sleeps _*",
             "special test did not finish within 3 s",
             "its interpreter was killed, with every process it started",
-            "stuck at test_hang.py:8 in test_sleeps: time.sleep(600)",
+            "stuck at test_hang.py:10 in test_sleeps: time.sleep(600)",
         ]
     )
     result.stdout.fnmatch_lines(["*_ test_ranks_hang _*", "hang: the test did not finish within 2 s (2 ranks)"])
     # pytest-timeout's thread method would os._exit the special interpreter: timed here instead
     result = pytester.runpytest("-p", "no:cacheprovider", "--timeout=2", "--timeout-method=thread", "-k", "sleeps")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["special test did not finish within 2 s", "stuck at test_hang.py:8 in test_sleeps: *"])
+    result.stdout.fnmatch_lines(["special test did not finish within 2 s", "stuck at test_hang.py:10 in test_sleeps: *"])
     result.stdout.no_fnmatch_line("*interpreter died*")
 
 

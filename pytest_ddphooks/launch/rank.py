@@ -10,7 +10,6 @@ dies while the others wait.
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import io
 import itertools
 import logging
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from .. import blobs, coverage_relay, singletons
+from .. import blobs, coverage_relay, dump_signals, singletons
 from ..recorder import Recorder, events
 from ..report import RankResult
 from ..schedule import Hold, ScheduleHook
@@ -89,8 +88,8 @@ def _redirect_output(job: Job, rank: int) -> RankOutput:
 def _arm_stack_dumps(job: Job, rank: int, crash_fd: int) -> None:
     stacks = open(job.path(rank, "stacks"), "w")  # noqa: SIM115
     _keep.append(stacks)
-    faulthandler.enable(file=crash_fd, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+    dump_signals.keep_armed(dump_signals.CRASH_SIGNALS, lambda: dump_signals.enable(crash_fd))
+    dump_signals.keep_armed((signal.SIGUSR1,), lambda: dump_signals.register(signal.SIGUSR1, stacks))
 
 
 def _apply_env(job: Job, rank: int, port: int) -> None:

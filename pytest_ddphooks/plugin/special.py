@@ -17,7 +17,6 @@ is whatever it and every process it started printed while the test ran.
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ import pytest
 from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
-from .. import warning_relay
+from .. import dump_signals, warning_relay
 from ..launch.rendezvous import DIST_ENV
 from ..special import (
     BASETEMP_ENV,
@@ -331,7 +330,8 @@ class SpecialChildHooks:
         self.capture = config.getoption("capture", "fd") != "no"
         self._out: IO[str] = open(messages, "a", encoding="utf-8")  # noqa: SIM115
         self._stacks = open(stacks, "w")  # noqa: SIM115
-        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True, chain=False)
+        stacks = self._stacks
+        dump_signals.keep_armed((signal.SIGUSR1,), lambda: dump_signals.register(signal.SIGUSR1, stacks))
 
     def _write(self, message: dict[str, Any]) -> None:
         self._out.write(json.dumps(message) + "\n")

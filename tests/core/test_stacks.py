@@ -48,3 +48,30 @@ def test_processes_that_ended_are_not_waited_for(tmp_path) -> None:
     assert time.monotonic() - began < 30.0
     assert set(out) == {0, 1} and not out[0].threads and not out[1].threads
     assert zombie.wait() == 0  # left for its parent to reap
+
+
+KEPT = """
+import os, signal, sys
+from pytest_ddphooks import dump_signals
+stacks = open(sys.argv[1], "w")
+if sys.argv[2] == "kept":
+    dump_signals.keep_armed((signal.SIGUSR1,), lambda: dump_signals.register(signal.SIGUSR1, stacks))
+else:
+    import faulthandler
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+# what Lightning's trainer does around a fit: Python thinks SIGUSR1 is at its default
+signal.signal(signal.SIGUSR1, signal.getsignal(signal.SIGUSR1))
+def asked_after_the_restore():
+    os.kill(os.getpid(), signal.SIGUSR1)
+asked_after_the_restore()
+print("alive", flush=True)
+"""
+
+
+def test_a_dump_kept_armed_survives_code_that_puts_every_handler_back(tmp_path) -> None:
+    for how, alive in (("kept", True), ("plain", False)):
+        path = tmp_path / f"stacks-{how}"
+        done = subprocess.run([sys.executable, "-c", KEPT, str(path), how], capture_output=True, text=True, timeout=60)
+        assert ("alive" in done.stdout) is alive, (how, done.returncode, done.stderr[-500:])
+        if alive:
+            assert "asked_after_the_restore" in path.read_text()

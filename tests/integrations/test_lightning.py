@@ -146,3 +146,46 @@ def test_single_device_in_process(tmp_path):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
     result.assert_outcomes(passed=2)
     result.stdout.no_fnmatch_line("*leaked*")
+
+
+def test_after_a_fit_a_hang_still_gets_its_stacks_and_an_injected_kill_its_verdict(pytester) -> None:
+    """Lightning saves every signal handler as a fit starts and puts them back as it ends;
+    Python sees faulthandler's as the default, so SIGUSR1 (the harness's request for a
+    stack) would then kill the rank: the dumps are armed again as soon as that happens."""
+    pytester.makepyfile(
+        test_after_fit=MODEL
+        + """
+import time
+import torch.distributed as dist
+
+@pytest.mark.multirank(world_size=2, init_process_group=False, timeout=8)
+def test_hang_after_fit(tmp_path, rank):
+    fit(tmp_path)
+    if rank == 1:
+        while True:
+            time.sleep(0.05)
+    dist.barrier()
+
+@pytest.mark.multirank(world_size=2, init_process_group=False, timeout=30)
+def test_kill_during_fit(tmp_path, rank, recorder, faults):
+    model = Model()
+    recorder.instrument(model, "training_step")
+    faults.kill(rank=1, at="start:training_step#2")
+    with pytest.raises(RuntimeError):
+        pl.Trainer(
+            accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, default_root_dir=tmp_path,
+            logger=False, enable_model_summary=False, enable_checkpointing=False,
+        ).fit(model)
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  rank 0: blocked in barrier #* on the default group for *",
+            "    stuck at test_after_fit.py:* in test_hang_after_fit: dist.barrier()",
+            "  rank 1: still running",
+            "    stuck at test_after_fit.py:* in test_hang_after_fit: time.sleep(0.05)",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*SIGUSR1*")

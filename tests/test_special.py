@@ -220,7 +220,9 @@ def test_special_test_that_hangs_is_killed_and_the_session_goes_on(pytester) -> 
     # pytest-timeout's thread method would os._exit the special interpreter: timed here instead
     result = pytester.runpytest("-p", "no:cacheprovider", "--timeout=2", "--timeout-method=thread", "-k", "sleeps")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["special test did not finish within 2 s", "stuck at test_hang.py:10 in test_sleeps: *"])
+    result.stdout.fnmatch_lines(
+        ["special test did not finish within 2 s", "stuck at test_hang.py:10 in test_sleeps: *"]
+    )
     result.stdout.no_fnmatch_line("*interpreter died*")
 
 

@@ -129,6 +129,13 @@ class Rendered:
 # -- classification --------------------------------------------------------------------------
 
 
+def first_failure(results: dict[int, RankResult]) -> int | None:
+    """Where results came without the order of their ends (under torchrun): the first rank
+    that failed on its own, not because a peer went away."""
+    failed = [r for r, res in sorted(results.items()) if res.outcome == "failed"]
+    return next((r for r in failed if not _PEER_GONE.search(results[r].message)), failed[0] if failed else None)
+
+
 def _gone_peer(report: RunReport, rank: int) -> int | None:
     """The peer whose end a rank's "connection closed" may follow: the first rank that failed
     or died, else one an injected fault killed."""

@@ -166,10 +166,11 @@ class Coordinator:
                     break
         return [bytes(self.store.get(k)) for k in keys]
 
-    def arrived(self, name: str) -> list[int]:
-        """The ranks that already posted their value for this rank's next call of ``name``."""
+    def arrived(self, name: str) -> dict[int, bytes]:
+        """What the ranks that already posted for this rank's next call of ``name`` posted."""
         n = self._calls.get(name, 0) + 1
-        return [r for r in range(self.world_size) if self.store.check([f"{name}/{n}/{r}"])]
+        keys = {r: f"{name}/{n}/{r}" for r in range(self.world_size)}
+        return {r: bytes(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
 
 
 def first_difference(lists: Sequence[Sequence[str]]) -> str | None:

@@ -156,7 +156,7 @@ def test_a_rank_that_finished_while_rank_0_hangs_lets_rank_0_report(pytester: py
     code, out, seconds = torchrun(pytester.path, "--junitxml=out.xml")
     assert code != 0 and seconds < 60
     assert "  barrier #1 on group default: rank 0 waits in it, rank 1 never entered it" in out
-    assert "  finished the test body, then waited for the other ranks" in out
+    assert "  finished the test body (passed), then waited for the other ranks" in out
     assert "said nothing" not in out
     assert "FAILED test_skip.py::test_hang" in out
     assert (pytester.path / "out.xml").exists()
@@ -248,3 +248,67 @@ def test_plain_tests_on_every_rank_fail_where_any_rank_failed(pytester: pytest.P
     assert "ERROR at teardown of test_rank_1_only_fails" in out, out
     assert "the plain test failed on rank 1 (--ddp-plain-tests=all runs it on every rank): call:" in out, out
     assert "not rank 0" in out, out
+
+
+def test_a_failure_on_one_rank_is_reported_at_once_and_rank_0_reports_last(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_mixed="""
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        KEEP = []
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_rank1_raises(rank):
+            if rank == 1:
+                raise ValueError("boom on rank 1")
+            dist.barrier()  # rank 1 never comes: its group goes, and this fails at once
+
+        @pytest.mark.multirank(world_size=2)
+        def test_leaks_a_group(rank):
+            KEEP.append(dist.new_group([0, 1]))
+
+        @pytest.mark.multirank(world_size=2)
+        def test_clean_after_the_leak(rank):
+            dist.barrier()
+
+        def test_plain_on_rank_0_after_rank_1_is_done():
+            time.sleep(0.5)
+        """
+    )
+    code, out, seconds = torchrun(pytester.path, "--junitxml=out.xml", "-rfE")
+    assert code != 0 and seconds < 50, out[-3000:]
+    assert "  rank 1: failed: ValueError: boom on rank 1" in out
+    assert "  rank 0: failed after rank 1, because its peer went away: RuntimeError:" in out
+    # the leaking test alone is blamed: the session's own group, rebuilt, is nobody's leak
+    assert "ERROR test_mixed.py::test_leaks_a_group" in out
+    assert "test_clean_after_the_leak leaked" not in out
+    # rank 1 ended first with a failure: rank 0 still ran its plain test and wrote its reports
+    assert "1 failed, 3 passed, 1 error" in out
+    root = ET.parse(pytester.path / "out.xml").getroot()
+    assert {c.get("name") for c in root.iter("testcase")} >= {
+        "test_rank1_raises",
+        "test_clean_after_the_leak",
+        "test_plain_on_rank_0_after_rank_1_is_done",
+    }
+
+
+def test_pytest_timeouts_limit_and_a_rank_that_skipped_under_torchrun(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_limits="""
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.timeout(2)
+        @pytest.mark.multirank(world_size=2)
+        def test_rank1_skips(rank):
+            if rank == 1:
+                pytest.skip("no data on rank 1")
+            dist.barrier()
+        """
+    )
+    code, out, seconds = torchrun(pytester.path)
+    assert code != 0 and seconds < 40, out[-3000:]
+    assert "test_limits.py::test_rank1_skips did not finish within 2 s; the run stops" in out
+    assert "  finished the test body (skipped: Skipped: no data on rank 1), then waited for the other ranks" in out

@@ -25,6 +25,7 @@ from .reports import ReportHooks
 from .session import DdpSession
 from .settings import Settings
 from .spmd import SpmdHooks
+from .timeouts import TimeoutHooks
 
 # Before any conftest imports torch: torch.distributed is patched as it loads.
 distpatch.install()
@@ -66,6 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(ddp, SESSION_NAME)
     config.pluginmanager.register(MarkerHooks(settings.spmd), "ddphooks-markers")
     config.pluginmanager.register(ReportHooks(), "ddphooks-reports")
+    config.pluginmanager.register(TimeoutHooks(), "ddphooks-timeouts")
     if settings.spmd:
         config.pluginmanager.register(SpmdHooks(ddp), SpmdHooks.NAME)
     else:

@@ -38,7 +38,7 @@ from ..schedule import Profile, describe_hold, held_seconds, holds
 from . import page, rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
-from .markers import BAD_MARKER_KEY, RUN_KEY, THREAD_TIMEOUT_KEY, TIMEOUT_KEY, MultirankRun, is_special
+from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, is_special
 from .reports import MultirankFailed, fail_with, raise_verdict, relay_warnings, warn_at
 from .session import DdpSession
 from .special import runs_here
@@ -130,36 +130,6 @@ class MultirankHooks:
             return (yield)
         finally:
             self._next_item = None
-
-    # -- pytest-timeout times these tests through us -------------------------------------
-
-    @staticmethod
-    def _timed_here(item: pytest.Item) -> bool:
-        return (is_special(item) and not runs_here(item)) or RUN_KEY in item.stash or THREAD_TIMEOUT_KEY in item.stash
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
-        thread = getattr(settings, "method", None) == "thread"
-        if thread and is_special(item) and runs_here(item) and RUN_KEY not in item.stash:
-            # in a plain special test's own interpreter: the thread method would end it with
-            # os._exit ("interpreter died: exit code 1"); the parent times it to the second
-            item.stash[THREAD_TIMEOUT_KEY] = True
-            return True
-        if not self._timed_here(item):
-            return None
-        # timed here, across the ranks or around the special test's interpreter:
-        # pytest-timeout never kills the pytest process for it
-        item.stash[TIMEOUT_KEY] = float(settings.timeout)
-        if thread:
-            item.stash[THREAD_TIMEOUT_KEY] = True
-        run = item.stash.get(RUN_KEY, None)
-        if run is not None:
-            run.timeout = float(settings.timeout)
-        return True
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
-        return True if self._timed_here(item) else None
 
     # -- the phases --------------------------------------------------------------------------
 

@@ -78,7 +78,7 @@ class DdpSession:
             return self.limit_of(run) + SPECIAL_GRACE
         if TIMEOUT_KEY in item.stash:
             if item.stash.get(THREAD_TIMEOUT_KEY, False):
-                return item.stash[TIMEOUT_KEY]  # timed here: see MultirankHooks.pytest_timeout_set_timer
+                return item.stash[TIMEOUT_KEY]  # timed here: see TimeoutHooks.pytest_timeout_set_timer
             return item.stash[TIMEOUT_KEY] + TIMED_SPECIAL_GRACE
         return self.settings.timeout
 

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import pytest
 
 from .. import blobs
-from ..failure import classify
+from ..failure import classify, first_failure
 from ..leaks import destroy_groups
 from ..recorder import Recorder
 from ..recorder.timeline import Timeline
@@ -48,6 +48,7 @@ from .reports import fail_with, raise_verdict
 from .session import DdpSession
 
 HANG_GRACE = 5.0  # past the limit, a rank's own watchdog ends the run
+SESSION_DONE = "session-done"  # set by rank 0 once its reports are written
 REPORT_GRACE = 15.0  # what rank 0 may take then to report the test and finish the session's reports
 
 
@@ -143,6 +144,16 @@ class SpmdHooks:
             for line in self.deselected:
                 terminalreporter.line(f"  {line}")
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """Rank 0 reports for every rank, after the others finished their part: they wait
+        for it here, or torchrun would stop it as soon as one of them ended with an error."""
+        with contextlib.suppress(Exception):
+            if self.rank == 0:
+                self.coord.store.set(SESSION_DONE, b"1")
+            else:
+                self.coord.store.wait([SESSION_DONE], timedelta(days=1))
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.deselected:
             session.exitstatus = pytest.ExitCode.OK
@@ -181,13 +192,20 @@ class SpmdHooks:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
         run = item.stash.get(RUN_KEY, None)
-        if run is not None and not self.group_ok:
+        if run is not None and not self._group_alive():
             # a failed test's group is rebuilt before the next multirank test is set up, where
             # the leak guard takes its snapshot: its sockets are then nobody's leak (should it
             # fail here, the test's own call tries again and says why)
             with contextlib.suppress(Exception):
                 self._ensure_group(self.ddp.limit_of(run))
         return (yield)
+
+    def _group_alive(self) -> bool:
+        """The session's group is in place (the leak guard destroys every group a test left,
+        the session's with them)."""
+        import torch.distributed as dist
+
+        return self.group_ok and dist.is_initialized()
 
     def _ensure_group(self, limit: float) -> None:
         import torch.distributed as dist
@@ -260,6 +278,12 @@ class SpmdHooks:
             threading.Event().wait()
         markup = bool(self.config.get_terminal_writer().hasmarkup)
         result = outcome_of(item, self.rank, error, "call", time.monotonic() - started, markup)
+        if result.outcome == "failed":
+            # a peer may wait in a collective this rank will never enter: the group goes now,
+            # so its call fails at once (a consequence of this failure) instead of hanging to
+            # the limit; the next multirank test gets a fresh one
+            destroy_groups()
+            self.group_ok = False
         try:
             results = self.coord.all_gather(
                 "result", pickle.dumps(result), limit + 30.0, "report its result", watch=f"hang/{item.nodeid}"
@@ -284,6 +308,7 @@ class SpmdHooks:
             results={r: pickle.loads(b) for r, b in enumerate(results)},
             timeline=Timeline.from_raw({r: marshal.loads(b) for r, b in enumerate(raw)}),
         )
+        report.first_failure = first_failure(report.results)
         verdict = classify(report)
         if verdict.outcome == "failed":
             self.group_ok = False  # a failed test may leave the group broken: a fresh one next
@@ -316,7 +341,7 @@ class SpmdHooks:
         posts = {0: post}
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and len(posts) < self.world_size:
-            finished: list[int] = []
+            finished: dict[int, bytes] = {}
             with contextlib.suppress(Exception):
                 finished = self.coord.arrived("result")  # their body returned: they wait for the others
             for r in range(1, self.world_size):
@@ -324,7 +349,7 @@ class SpmdHooks:
                     if r not in posts and self.coord.store.check([f"{key}/{r}"]):
                         posts[r] = HangPost.loads(bytes(self.coord.store.get(f"{key}/{r}")))
                     elif r not in posts and r in finished:
-                        posts[r] = HangPost(f"rank {r}\n  finished the test body, then waited for the other ranks")
+                        posts[r] = HangPost(f"rank {r}\n" + _finished_words(pickle.loads(finished[r])))
             if len(posts) < self.world_size:
                 time.sleep(0.1)
         lines = [f"{item.nodeid} did not finish within {limit:g} s; the run stops"]
@@ -409,6 +434,16 @@ class SpmdHooks:
         thread.start()
         thread.join(REPORT_GRACE)
         return done.is_set()
+
+
+def _finished_words(result: Any) -> str:
+    """How a rank that finished the test while another hung did: its outcome, and its own
+    failure when it failed."""
+    how = result.outcome + (f": {result.message}" if result.message else "")
+    lines = [f"  finished the test body ({how}), then waited for the other ranks"]
+    if result.outcome == "failed" and result.longrepr:
+        lines += ["  " + line for line in result.longrepr.splitlines()]
+    return "\n".join(lines)
 
 
 def _paired_by_group(info: Any) -> bool:

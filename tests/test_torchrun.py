@@ -277,8 +277,13 @@ def test_a_failure_on_one_rank_is_reported_at_once_and_rank_0_reports_last(pytes
             time.sleep(0.5)
         """
     )
-    code, out, seconds = torchrun(pytester.path, "--junitxml=out.xml", "-rfE")
+    code, out, seconds = torchrun(
+        pytester.path, "--junitxml=out.xml", "-rfE", "--ddp-report=page.html", "--ddp-trace-dir=traces"
+    )
     assert code != 0 and seconds < 50, out[-3000:]
+    # rank 0's page holds every multirank test; the failed one's timeline is a trace
+    assert "<title>pytest-ddphooks: 3 multirank tests</title>" in (pytester.path / "page.html").read_text()
+    assert [p.name for p in (pytester.path / "traces").iterdir()] == ["test_mixed.py_test_rank1_raises.json"]
     assert "  rank 1: failed: ValueError: boom on rank 1" in out
     assert "  rank 0: failed after rank 1, because its peer went away: RuntimeError:" in out
     # the leaking test alone is blamed: the session's own group, rebuilt, is nobody's leak

@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 import os
 import pickle
-import re
 import secrets
 import sys
 from collections.abc import Generator
@@ -27,7 +26,6 @@ from _pytest.outcomes import Skipped
 
 from .. import coverage_relay
 from ..failure import RunFailure, Verdict, attempt_summary, classify, render
-from ..htmlreport import multirank_view
 from ..launch import debugger
 from ..launch.job import Job
 from ..launch.run import RunWatch
@@ -35,11 +33,11 @@ from ..leaks import Leak
 from ..recorder import NeverWaitedWarning
 from ..report import RunReport
 from ..schedule import Profile, describe_hold, held_seconds, holds
-from . import page, rankbody, rankfixtures
+from . import rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
 from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, is_special
-from .reports import MultirankFailed, fail_with, raise_verdict, relay_warnings, warn_at
+from .reports import MultirankFailed, fail_with, keep_artifacts, raise_verdict, relay_warnings, safe_name, warn_at
 from .session import DdpSession
 from .special import runs_here
 
@@ -79,10 +77,6 @@ def _relay_properties(item: pytest.Item, report: RunReport) -> None:
             for name, value in result.suite_properties:
                 if (name, str(value)) not in xml.global_properties:
                     xml.add_global_property(name, value)
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:120]
 
 
 class MultirankHooks:
@@ -269,7 +263,7 @@ class MultirankHooks:
         if "node_tmp_path" not in run.dependent:
             return []
         factory = item._request.getfixturevalue("tmp_path_factory")
-        base = _safe(item.name)[:30]
+        base = safe_name(item.name)[:30]
         return [str(factory.mktemp(f"{base}-node{k}", numbered=True)) for k in range(run.spec.nodes)]
 
     @pytest.hookimpl(tryfirst=True)
@@ -355,17 +349,7 @@ class MultirankHooks:
                 f"--ddp-pdb-rank={k}: this test has ranks 0..{report.world_size - 1}; no rank opened pdb",
             )
         self._rank_leaks(item, report)
-        if self.ddp.settings.report or page.writes_html(self.config):
-            item.stash[page.VIEW_KEY] = multirank_view(
-                item.nodeid,
-                report.timeline,
-                world_size=report.world_size,
-                outputs=report.outputs,
-                failures={r: res.longrepr for r, res in report.results.items() if res.outcome == "failed"},
-                highlights=[h for res in report.results.values() for h in res.highlights],
-            )
-        if verdict.failure is not None:
-            self._write_trace(item, report, verdict.failure)
+        keep_artifacts(item, report, verdict, self.ddp.settings)
         if active.exploration is not None:
             active.exploration.discard()
         return verdict
@@ -463,16 +447,3 @@ class MultirankHooks:
         )
         if leaked:
             item.stash[RANK_LEAKS_KEY] = leaked
-
-    def _write_trace(self, item: pytest.Item, report: RunReport, failure: RunFailure) -> None:
-        trace_dir = self.ddp.settings.trace_dir
-        if not trace_dir or report.timeline is None:
-            return
-        target = os.path.join(trace_dir, _safe(item.nodeid) + ".json")
-        try:
-            path = report.timeline.to_chrome_trace(target)
-        except OSError as exc:  # the test's own failure is what the report is about
-            message = f"--ddp-trace-dir: cannot write {target}: {type(exc).__name__}: {exc}"
-            warn_at(item, pytest.PytestWarning(message))
-        else:
-            failure.trace = path

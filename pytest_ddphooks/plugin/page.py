@@ -9,6 +9,7 @@ page is written once, by the process that sees every report.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import pytest
@@ -47,6 +48,8 @@ class PageHooks:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.path or hasattr(session.config, "workerinput"):
             return  # an xdist worker: the main process writes the page
+        if self.ddp.settings.spmd and int(os.environ.get("RANK", "0")) != 0:
+            return  # under torchrun rank 0 reports every test
         views = [self.views[n] for n in self.order]
         title = f"pytest-ddphooks: {len(views)} multirank tests"
         try:

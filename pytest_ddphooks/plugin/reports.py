@@ -5,7 +5,9 @@ rank's skip, and warnings raised in other processes."""
 from __future__ import annotations
 
 import bdb
+import os
 import pickle
+import re
 import warnings
 from collections.abc import Generator
 
@@ -16,7 +18,10 @@ from _pytest.skipping import xfailed_key
 
 from .. import warning_relay
 from ..failure import FAILURE, Rendered, RunFailure, Verdict, render
+from ..htmlreport import multirank_view
+from ..report import RunReport
 from . import page
+from .settings import Settings
 
 
 class MultirankFailed(Exception):
@@ -144,3 +149,31 @@ def warn_at(item: pytest.Item, warning: Warning) -> None:
     """A warning about the test, shown at the test's own line."""
     path, lineno, _ = item.reportinfo()
     warnings.warn_explicit(warning, type(warning), str(path), (lineno or 0) + 1)
+
+
+def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, settings: Settings) -> None:
+    """What a run leaves besides its outcome: its view for the HTML page (``--ddp-report``,
+    pytest-html) and, for a failure, its timeline as a Chrome trace (``--ddp-trace-dir``)."""
+    if settings.report or page.writes_html(item.config):
+        item.stash[page.VIEW_KEY] = multirank_view(
+            item.nodeid,
+            report.timeline,
+            world_size=report.world_size,
+            outputs=report.outputs,
+            failures={r: res.longrepr for r, res in report.results.items() if res.outcome == "failed"},
+            highlights=[h for res in report.results.values() for h in res.highlights],
+        )
+    if verdict.failure is not None and settings.trace_dir and report.timeline is not None:
+        target = os.path.join(settings.trace_dir, safe_name(item.nodeid) + ".json")
+        try:
+            path = report.timeline.to_chrome_trace(target)
+        except OSError as exc:  # the test's own failure is what the report is about
+            message = f"--ddp-trace-dir: cannot write {target}: {type(exc).__name__}: {exc}"
+            warn_at(item, pytest.PytestWarning(message))
+        else:
+            verdict.failure.trace = path
+
+
+def safe_name(name: str) -> str:
+    """A test's id as a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:120]

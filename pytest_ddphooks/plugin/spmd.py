@@ -42,9 +42,10 @@ from ..spmd import (
     who_never_entered,
 )
 from ..stacks import format_stack, parse_stacks, user_frame
+from . import page
 from .markers import RUN_KEY
 from .rankbody import outcome_of
-from .reports import fail_with, raise_verdict
+from .reports import fail_with, keep_artifacts, raise_verdict
 from .session import DdpSession
 
 HANG_GRACE = 5.0  # past the limit, a rank's own watchdog ends the run
@@ -310,6 +311,8 @@ class SpmdHooks:
         )
         report.first_failure = first_failure(report.results)
         verdict = classify(report)
+        if self.rank == 0:  # the one that reports: the page and the traces are its
+            keep_artifacts(item, report, verdict, self.ddp.settings)
         if verdict.outcome == "failed":
             self.group_ok = False  # a failed test may leave the group broken: a fresh one next
         raise_verdict(verdict)
@@ -419,6 +422,8 @@ class SpmdHooks:
                 rep = TestReport(
                     item.nodeid, item.location, keywords, outcome, longrepr, when, sections, limit, now, now
                 )
+                if when == "call":
+                    page.attach_unrun(item, rep)  # on the HTML page too, without its ranks' lanes
                 item.ihook.pytest_runtest_logreport(report=rep)
                 sections = []
             session = item.session

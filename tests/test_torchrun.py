@@ -317,3 +317,30 @@ def test_pytest_timeouts_limit_and_a_rank_that_skipped_under_torchrun(pytester: 
     assert code != 0 and seconds < 40, out[-3000:]
     assert "test_limits.py::test_rank1_skips did not finish within 2 s; the run stops" in out
     assert "  finished the test body (skipped: Skipped: no data on rank 1), then waited for the other ranks" in out
+
+
+def test_a_rank_that_dies_still_lets_rank_0_report_in_the_time_torchrun_gives(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_die="""
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_rank1_dies(rank):
+            dist.barrier()
+            if rank == 1:
+                os._exit(3)
+            dist.barrier()
+
+        def test_plain():
+            pass
+        """
+    )
+    code, out, seconds = torchrun(pytester.path, "--junitxml=out.xml")
+    assert code != 0 and seconds < 40, out[-3000:]
+    assert "torchrun stopped the run: a rank ended (it died, or finished with an error) while this one ran" in out
+    assert "  rank 1: ended without reporting (its exit code is in torchrun's summary)" in out
+    assert "  rank 0: failed: RuntimeError: " in out
+    case = ET.parse(pytester.path / "out.xml").getroot().find(".//testcase[@name='test_rank1_dies']")
+    assert case is not None and case.find("failure") is not None

@@ -75,8 +75,22 @@ class SpmdHooks:
         self.ack: str | None = None  # set once rank 0 reported a hung rank's test
         self._plain_failures: list[str] = []  # this rank's, in the plain test running now
         self._watchdog_owns = threading.Event()  # set as a watchdog takes the hung test over
+        self.stopping: str | None = None  # why torchrun is stopping the run (it sent SIGTERM)
+        self._in_test = False  # inside a multirank test's body or its exchange of results
+        self._session: pytest.Session | None = None
         # torchrun stops the other workers with SIGTERM when one fails: say where this one was
+        # (faulthandler), then end the test and the session's reports in the time torchrun
+        # gives before it kills (this handler)
+        with contextlib.suppress(ValueError):  # not the main thread: torchrun's rule as it is
+            signal.signal(signal.SIGTERM, self._on_term)
         faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.stopping = "torchrun stopped the run: a rank ended (it died, or finished with an error) while this one ran"
+        if self._session is not None:
+            self._session.shouldstop = f"ddphooks: {self.stopping}"
+        if self._in_test:
+            raise RunStopping(self.stopping)
 
     # -- what runs where -----------------------------------------------------------------
 
@@ -124,6 +138,7 @@ class SpmdHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self._session = session
         if self.rank == 0:
             return
         # rank 0 reports the merged result of every test; junit XML comes from rank 0 alone
@@ -152,7 +167,7 @@ class SpmdHooks:
         with contextlib.suppress(Exception):
             if self.rank == 0:
                 self.coord.store.set(SESSION_DONE, b"1")
-            else:
+            elif self.stopping is None:  # stopped by torchrun: rank 0 is being stopped too
                 self.coord.store.wait([SESSION_DONE], timedelta(days=1))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -200,6 +215,27 @@ class SpmdHooks:
             with contextlib.suppress(Exception):
                 self._ensure_group(self.ddp.limit_of(run))
         return (yield)
+
+    def _stopped_words(self, mine: Any) -> str:
+        """What is known of each rank when torchrun stopped the run during a test."""
+        posted: dict[int, bytes] = {}
+        with contextlib.suppress(Exception):
+            posted = self.coord.arrived("result")
+        lines = [f"{self.stopping}; the run stops here"]
+        for r in range(self.world_size):
+            if r == self.rank:
+                stopped = mine.outcome == "failed" and mine.message.startswith("RunStopping")
+                said = f"{mine.outcome}: {mine.message}" if mine.message else mine.outcome
+                lines.append(f"  rank {r}: " + ("stopped by torchrun in the test" if stopped else said))
+            elif r in posted:
+                with contextlib.suppress(Exception):
+                    theirs = pickle.loads(posted[r])
+                    lines.append(f"  rank {r}: {theirs.outcome}" + (f": {theirs.message}" if theirs.message else ""))
+            else:
+                lines.append(f"  rank {r}: ended without reporting (its exit code is in torchrun's summary)")
+        if mine.outcome == "failed" and mine.longrepr and not mine.message.startswith("RunStopping"):
+            lines += ["", f"-------------------- rank {self.rank} --------------------", mine.longrepr]
+        return "\n".join(lines)
 
     def _group_alive(self) -> bool:
         """The session's group is in place (the leak guard destroys every group a test left,
@@ -260,6 +296,7 @@ class SpmdHooks:
         if not isinstance(recorder, Recorder):
             own = recorder = Recorder(self.rank, self.world_size).activate()
         self.current = item.nodeid
+        self._in_test = True
         watchdog = threading.Timer(limit + HANG_GRACE, self._on_hang, (item, recorder, limit))
         watchdog.daemon = True
         watchdog.name = "ddphooks-spmd-watchdog"
@@ -271,6 +308,7 @@ class SpmdHooks:
         except BaseException as exc:
             error = exc
         finally:
+            self._in_test = False  # the harness's own work from here: never cut short
             watchdog.cancel()
             self.current = None
         if self._watchdog_owns.is_set():
@@ -286,10 +324,18 @@ class SpmdHooks:
             destroy_groups()
             self.group_ok = False
         try:
+            blob = pickle.dumps(result)
+            self._in_test = True  # waiting for the others: a stop from torchrun ends the wait
+            if self.stopping is not None:
+                raise RunStopping(self.stopping)
             results = self.coord.all_gather(
-                "result", pickle.dumps(result), limit + 30.0, "report its result", watch=f"hang/{item.nodeid}"
+                "result", blob, limit + 30.0, "report its result", watch=f"hang/{item.nodeid}"
             )
             raw = self.coord.all_gather("events", marshal.dumps(list(recorder._raw)), 30.0, "send its events")
+            self._in_test = False
+        except RunStopping:
+            self._in_test = False
+            raise fail_with(self._stopped_words(result), "torchrun stopped the run") from None
         except RanksMissing as exc:
             self._missing(item, exc)
         except RankHung as exc:
@@ -301,6 +347,7 @@ class SpmdHooks:
             self.ack = f"hang-ack/{item.nodeid}"
             raise fail_with(exc.text + "\nthe run stops here", f"rank {exc.rank} hung") from None
         finally:
+            self._in_test = False
             if own is not None:
                 own.close()
         report = RunReport(
@@ -439,6 +486,11 @@ class SpmdHooks:
         thread.start()
         thread.join(REPORT_GRACE)
         return done.is_set()
+
+
+class RunStopping(BaseException):
+    """torchrun is stopping the run: raised in the test it interrupts (a BaseException, so the
+    test's own ``except Exception`` does not take it for its error)."""
 
 
 def _finished_words(result: Any) -> str:

@@ -81,6 +81,10 @@ class Allowlist:
         self.singletons = singletons
         self.rules: list[tuple[str, str]] = []
         for entry in entries:
+            if not isinstance(entry, str):
+                raise ValueError(
+                    f"leak allowlist entry {entry!r}: an entry is a str such as 'thread:worker-*' or 'env:MY_VAR'"
+                )
             entry = entry.strip()
             if not entry:
                 continue

@@ -135,7 +135,20 @@ def _relaunch_of_this_session(pid: Any) -> bool:
     """A pytest running this session's own command line again: another rank of a job whose
     launcher relaunches the script (Lightning's DDP launcher does, for rank 1 and up)."""
     command = procs.command_line(int(pid))
-    return "pytest" in command and command.startswith(sys.executable) and command.endswith(" ".join(sys.argv[1:]))
+    same = "pytest" in command and command.startswith(sys.executable) and command.endswith(" ".join(sys.argv[1:]))
+    # a child forked from this process (multiprocessing's default, os.fork) has this command
+    # line too, but never exec'd: its first environment is this process's own, where a
+    # launcher's relaunch was started with its rank's (LOCAL_RANK=1, ...)
+    return same and _first_environment(pid) != _first_environment("self")
+
+
+def _first_environment(pid: Any) -> bytes | None:
+    """The environment a process was started with (its image's, not what it set since)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _lightning_child_observer(t: Any) -> bool:

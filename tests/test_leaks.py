@@ -236,16 +236,45 @@ def test_bad_allow_marker_fails_its_test_at_setup(inner) -> None:
         def test_x():
             raise AssertionError("must not run")
 
+        @pytest.mark.ddp_allow_leaks(42)
+        def test_not_a_str():
+            raise AssertionError("must not run")
+
         def test_after():
             pass
         """
     )
-    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.result.assert_outcomes(passed=1, errors=2)  # each bad marker once, at its setup
     ran.lines(
         "*ERROR at setup of test_x*",
         "*@pytest.mark.ddp_allow_leaks: *'threads:x'*the kind must be one of group*",
     )
+    ran.lines("*@pytest.mark.ddp_allow_leaks: leak allowlist entry 42: an entry is a str such as 'thread:worker-*'*")
     ran.no_lines("*must not run*")
+    ran.no_lines("*AttributeError*")
+
+
+def test_a_forked_child_gets_a_processes_second_not_a_relaunched_ranks_wait(inner) -> None:
+    ran = inner(
+        """
+        import multiprocessing
+        import time
+
+        def sleeper():
+            time.sleep(300)
+
+        def test_forks():
+            multiprocessing.get_context("fork").Process(target=sleeper).start()
+
+        def test_after():
+            pass
+        """,
+        "--durations=0",
+    )
+    ran.result.assert_outcomes(passed=2, errors=1)
+    ran.lines("*test_forks leaked (cleaned up before the next test):*")
+    teardown = next(line for line in ran.text.splitlines() if line.endswith("teardown test_inner.py::test_forks"))
+    assert float(teardown.split("s", 1)[0]) < 10, teardown  # 1 s to end, not the 30 s of a relaunch
 
 
 def test_module_fixture_is_judged_when_its_scope_ends(pytester) -> None:
@@ -504,3 +533,27 @@ def test_allowing_a_group_allows_its_sockets(inner) -> None:
     )
     ran.result.assert_outcomes(passed=2)
     ran.no_lines("*leaked*")
+
+
+def test_what_a_lingering_thread_makes_while_the_guard_waits_is_the_tests_leak(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import subprocess
+        import threading
+        import time
+
+        def test_delayed():
+            def later():
+                time.sleep(0.3)
+                global CHILD
+                CHILD = subprocess.Popen(["sleep", "300"])
+            threading.Thread(target=later, name="later").start()
+
+        def test_next_sees_it_cleaned():
+            time.sleep(0.5)
+            assert CHILD.poll() is not None
+        """
+    )
+    ran.result.assert_outcomes(passed=2, errors=1)
+    ran.lines("*test_delayed leaked (cleaned up before the next test):", "  process * is still running: sleep 300")

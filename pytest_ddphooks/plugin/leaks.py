@@ -185,6 +185,7 @@ class LeakHooks:
             self._report(item, rank_leaks, [])
             return
         leaks = self.guard.find(before, ending)
+        found = list(leaks)
         if self.relaunched or (is_special(item) and runs_here(item)):
             # this interpreter ends with the test: what dies with it (its groups, threads,
             # sockets, environment) is no leak; a process it started would outlive it
@@ -214,6 +215,13 @@ class LeakHooks:
         self.allowed_processes.extend(lk for lk in leaks if lk.kind == "process" and lk not in own)
         if own:
             own = self.guard.settle(before, own, holders=_holders(item))
+            # a process what the test left running started meanwhile (a thread that started
+            # it, then ended) is the test's leak as much as the thread was
+            own += [
+                lk
+                for lk in self.guard.find(before)
+                if lk.kind == "process" and not any(lk.same(o) for o in found) and not allow.allows(lk)
+            ]
         ended = self._ended_scopes(item)
         self._report(item, rank_leaks + self.guard.clean(own, before), ended)
 

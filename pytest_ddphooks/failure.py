@@ -279,7 +279,7 @@ def _unfired(report: RunReport) -> list[str]:
     n = report.world_size
     if n and all(report.taken_out(r) for r in range(n)):
         out.append(
-            f"no rank finished the test: injected faults took out {_ranks_words(list(range(n)))}, so nothing"
+            f"no rank finished the test: injected faults took out {ranks_words(list(range(n)))}, so nothing"
             " after them was tested (leave a rank to see what follows the fault)"
         )
     for rank, armed in sorted(report.armed.items()):
@@ -314,13 +314,9 @@ def _armed_elsewhere(report: RunReport) -> list[str]:
     return [
         f"injected fault {call.replace('(', f'(rank={target}, ', 1)} never fired: rank {target}, where it acts,"
         " never armed it"
-        f" ({_ranks_words(by)} did; a fault acts only on a rank that arms it: arm it on every rank)"
+        f" ({ranks_words(sorted(set(by)))} did; a fault acts only on a rank that arms it: arm it on every rank)"
         for (call, target), by in sorted(out.items(), key=lambda kv: (kv[0][1], kv[0][0]))
     ]
-
-
-def _ranks_words(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in sorted(set(ranks)))
 
 
 def _tail(text: str, lines: int = 25) -> tuple[str, ...]:
@@ -469,7 +465,7 @@ def _quiet_verdict(report: RunReport) -> Verdict:
         first = report.results[skipped[0]]
         text = first.message
         if len(skipped) < report.world_size:
-            text = f"{text} (on {_ranks(skipped)}; the other ranks passed)"
+            text = f"{text} (on {ranks_words(skipped)}; the other ranks passed)"
         return Verdict("skipped", message=text, location=first.location)
     return Verdict("passed")
 
@@ -477,7 +473,8 @@ def _quiet_verdict(report: RunReport) -> Verdict:
 # -- rendering -------------------------------------------------------------------------------
 
 
-def _ranks(ranks: list[int]) -> str:
+def ranks_words(ranks: list[int]) -> str:
+    """``rank 2``, ``ranks 0,1``."""
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
 
 
@@ -541,7 +538,7 @@ _P2P_HALVES = {"recv from ": "a send to", "send to ": "a recv from"}
 
 def _stall_lines(f: RunFailure) -> list[str]:
     """``rank 1 finished the test without calling timeline(); rank 0 waits in it``"""
-    who = _ranks(sorted(f.left))
+    who = ranks_words(sorted(f.left))
     waiting: dict[str, list[int]] = {}
     for rank, what in sorted(f.stall.items()):
         waiting.setdefault(what, []).append(rank)
@@ -551,9 +548,10 @@ def _stall_lines(f: RunFailure) -> list[str]:
         # of a receive or a send, what the finished rank left out is the other half
         half = next((other for mine, other in _P2P_HALVES.items() if what.startswith(mine)), None)
         if half is not None:
-            lines.append(f"{who} finished the test without {half} {_ranks(ranks)}; {_ranks(ranks)} {wait} in {what}")
+            them = ranks_words(ranks)
+            lines.append(f"{who} finished the test without {half} {them}; {them} {wait} in {what}")
         else:
-            lines.append(f"{who} finished the test without calling {what}; {_ranks(ranks)} {wait} in it")
+            lines.append(f"{who} finished the test without calling {what}; {ranks_words(ranks)} {wait} in it")
     return lines
 
 
@@ -564,7 +562,7 @@ def _hang_lines(f: RunFailure) -> list[str]:
     elif f.desynced:
         head = [early + " they are blocked in collectives that can never match"]
     elif f.deadlock:
-        head = [early + f" {_ranks(f.deadlock)} wait for each other in different collectives (a deadlock)"]
+        head = [early + f" {ranks_words(f.deadlock)} wait for each other in different collectives (a deadlock)"]
     else:
         head = [f"hang: the test did not finish within {f.limit:g} s ({f.world_size} ranks)"]
     if f.after_fault and not f.stall and not f.desynced and not f.deadlock:
@@ -623,7 +621,7 @@ def _died_lines(rf: RankFailure) -> list[str]:
 
 def _summary(f: RunFailure) -> list[str]:
     """'multirank test failed on ...', then a line per rank."""
-    lines = [f"multirank test failed on {_ranks(f.culprits)} of {f.world_size}"]
+    lines = [f"multirank test failed on {ranks_words(f.culprits)} of {f.world_size}"]
     by_rank = {rf.rank: rf for rf in f.failures}
     for r in range(f.world_size):
         rf = by_rank.get(r)
@@ -651,7 +649,7 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
     if f.stall:
         return _stall_lines(f)[0], None
     if f.stuck:
-        head = f"deadlock of {_ranks(f.deadlock)}" if f.deadlock else f"hang after {f.limit:g} s"
+        head = f"deadlock of {ranks_words(f.deadlock)}" if f.deadlock else f"hang after {f.limit:g} s"
         for rank in sorted(f.ranks):
             st = f.ranks[rank]
             if st.state in _STUCK:
@@ -668,7 +666,7 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
     assert first.result is not None
     message = f"rank {first.rank}: {_first(first.result.message)}"
     if len(primary) > 1:
-        message = f"{_ranks([rf.rank for rf in primary])} failed; {message}"
+        message = f"{ranks_words([rf.rank for rf in primary])} failed; {message}"
     return message, first.result.location if primary else None
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .failure import ranks_words
 from .launch.rendezvous import no_reverse_lookups
 
 ENV_MARKERS = ("TORCHELASTIC_RUN_ID",)
@@ -98,18 +99,15 @@ def who_never_entered(posts: dict[int, HangPost], world_size: int) -> list[str]:
             waiting = [r for r in ranks if r in posts and any((g, s) == (group, seq) for g, s, *_ in posts[r].blocked)]
             behind = [r for r in ranks if r in posts and posts[r].entered.get(group, 0) < seq]
             if behind:
+                wait = "waits" if len(waiting) == 1 else "wait"
                 lines.append(
-                    f"{op} #{seq} on group {group}: {_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in it, "
-                    f"{_ranks(behind)} never entered it"
+                    f"{op} #{seq} on group {group}: {ranks_words(waiting)} {wait} in it,"
+                    f" {ranks_words(behind)} never entered it"
                 )
     silent = [r for r in range(world_size) if r not in posts]
     if silent:
-        lines.append(f"{_ranks(silent)} said nothing (stuck in native code that holds the GIL, or gone)")
+        lines.append(f"{ranks_words(silent)} said nothing (stuck in native code that holds the GIL, or gone)")
     return lines
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) != 1 else ''} {','.join(str(r) for r in ranks)}"
 
 
 class Coordinator:

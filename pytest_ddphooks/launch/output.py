@@ -99,6 +99,29 @@ class RankOutput:
         self._thread.join(5.0)
 
 
+def flush_std() -> None:
+    """What Python holds for stdout and stderr reaches descriptors 1 and 2 now."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+@contextlib.contextmanager
+def descriptors_to(files: tuple[int, int] | list[int]) -> Iterator[None]:
+    """Descriptors 1 and 2 point at ``files`` while the block runs."""
+    flush_std()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(files[0], 1)
+    os.dup2(files[1], 2)
+    try:
+        yield
+    finally:
+        flush_std()
+        for fd, old in zip((1, 2), saved, strict=True):
+            os.dup2(old, fd)
+            os.close(old)
+
+
 @contextlib.contextmanager
 def capture_bypassed() -> Iterator[None]:
     """Descriptors 1 and 2 on the pytest process's own stdout and stderr meanwhile, as a
@@ -107,30 +130,14 @@ def capture_bypassed() -> Iterator[None]:
     if bypass_fds is None:
         yield
         return
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    saved = os.dup(1), os.dup(2)
-    os.dup2(bypass_fds[0], 1)
-    os.dup2(bypass_fds[1], 2)
-    try:
+    with descriptors_to(bypass_fds):
         yield
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
 
 
 def positions() -> tuple[int, int] | None:
     """How far the rank's stdout and stderr files are written (what Python buffered
     included): where a phase of the test begins in them. None when they are pipes (``-s``)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    flush_std()
     try:
         return os.lseek(1, 0, os.SEEK_CUR), os.lseek(2, 0, os.SEEK_CUR)
     except OSError:
@@ -141,18 +148,19 @@ def split_by_phase(out: bytes, err: bytes, marks: list[tuple[str, int, int]]) ->
     """(phase, stdout, stderr) of each phase that printed: ``marks`` holds where each phase
     after "setup" began in the two files. Without marks it all belongs to "call"."""
     if not marks:
-        return [("call", _text(out), _text(err))] if out or err else []
+        return [("call", as_text(out), as_text(err))] if out or err else []
     pieces = []
     bounds = [("setup", 0, 0), *marks]
     for i, (phase, out_at, err_at) in enumerate(bounds):
         out_to, err_to = (bounds[i + 1][1], bounds[i + 1][2]) if i + 1 < len(bounds) else (len(out), len(err))
-        o, e = _text(out[out_at:out_to]), _text(err[err_at:err_to])
+        o, e = as_text(out[out_at:out_to]), as_text(err[err_at:err_to])
         if o or e:
             pieces.append((phase, o, e))
     return pieces
 
 
-def _text(data: bytes) -> str:
+def as_text(data: bytes) -> str:
+    """A rank's output as the report shows it (what is not UTF-8 replaced)."""
     return data.decode("utf-8", errors="replace")
 
 

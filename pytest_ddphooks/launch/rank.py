@@ -32,7 +32,7 @@ from ..schedule import Hold, ScheduleHook
 from . import procs, protocol, rendezvous
 from .debugger import RankDebugger
 from .job import VOLATILE_ENV, Job
-from .output import RankOutput
+from .output import RankOutput, flush_std
 
 HANDED_JOB = "job"  # the file in the run's folder a prepared rank reads its test from
 _keep: list[Any] = []  # files that must stay open for the signal handlers
@@ -350,9 +350,7 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
     result.duration = time.monotonic() - started
     with contextlib.suppress(Exception):  # never lose the result over the leak check
         result.leaks.extend(_kill_children())
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    flush_std()
     if state.output is not None:
         state.output.finish()
     result.write(job.path(rank, "result"))

@@ -36,7 +36,7 @@ from ..stacks import dump_stacks
 from . import procs, protocol
 from .job import Job
 from .launcher import Launcher
-from .output import split_by_phase
+from .output import as_text, split_by_phase
 
 # how often a waiting run looks at what the ranks recorded; a desync must be seen twice
 POLL_SECONDS = 0.5
@@ -350,7 +350,7 @@ class RunWatch:
             out, err = read_bytes(job.path(r, "out")), read_bytes(job.path(r, "err"))
             if out or err:
                 result = report.results.get(r)
-                report.outputs[r] = (out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+                report.outputs[r] = (as_text(out), as_text(err))
                 report.phase_outputs[r] = split_by_phase(out, err, result.output_marks if result else [])
         for r in range(job.world_size):
             self._read(r)  # what was written since the last look; the rest was read as it came

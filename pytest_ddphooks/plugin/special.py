@@ -32,6 +32,7 @@ from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
 from .. import dump_signals, warning_relay
+from ..launch.output import descriptors_to
 from ..launch.rendezvous import DIST_ENV
 from ..special import (
     BASETEMP_ENV,
@@ -290,27 +291,6 @@ class SpecialTargetHooks:
         items[:] = keep
 
 
-@contextlib.contextmanager
-def _descriptors_to(files: list[int]) -> Iterator[None]:
-    """Descriptors 1 and 2 point at ``files`` while the block runs."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    os.dup2(files[0], 1)
-    os.dup2(files[1], 2)
-    try:
-        yield
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in saved:
-            os.close(fd)
-
-
 class SpecialChildHooks:
     """In the interpreter the parent started: write every report, warning and, phase by
     phase, what was printed (crash-safe, in files) for the parent."""
@@ -352,7 +332,7 @@ class SpecialChildHooks:
         else:  # -s: straight to the parent's terminal, as a plain test's output
             files = list(self.terminal)
         try:
-            with _descriptors_to(files):
+            with descriptors_to(files):
                 yield
         finally:
             if self.capture:

@@ -222,18 +222,16 @@ class SpmdHooks:
         with contextlib.suppress(Exception):
             posted = self.coord.arrived("result")
         lines = [f"{self.stopping}; the run stops here"]
+        stopped = mine.outcome == "failed" and mine.message.startswith("RunStopping")
         for r in range(self.world_size):
             if r == self.rank:
-                stopped = mine.outcome == "failed" and mine.message.startswith("RunStopping")
-                said = f"{mine.outcome}: {mine.message}" if mine.message else mine.outcome
-                lines.append(f"  rank {r}: " + ("stopped by torchrun in the test" if stopped else said))
+                lines.append(f"  rank {r}: " + ("stopped by torchrun in the test" if stopped else _outcome_words(mine)))
             elif r in posted:
                 with contextlib.suppress(Exception):
-                    theirs = pickle.loads(posted[r])
-                    lines.append(f"  rank {r}: {theirs.outcome}" + (f": {theirs.message}" if theirs.message else ""))
+                    lines.append(f"  rank {r}: {_outcome_words(pickle.loads(posted[r]))}")
             else:
                 lines.append(f"  rank {r}: ended without reporting (its exit code is in torchrun's summary)")
-        if mine.outcome == "failed" and mine.longrepr and not mine.message.startswith("RunStopping"):
+        if mine.outcome == "failed" and mine.longrepr and not stopped:
             lines += ["", f"-------------------- rank {self.rank} --------------------", mine.longrepr]
         return "\n".join(lines)
 
@@ -326,15 +324,16 @@ class SpmdHooks:
         try:
             blob = pickle.dumps(result)
             self._in_test = True  # waiting for the others: a stop from torchrun ends the wait
-            if self.stopping is not None:
-                raise RunStopping(self.stopping)
-            results = self.coord.all_gather(
-                "result", blob, limit + 30.0, "report its result", watch=f"hang/{item.nodeid}"
-            )
-            raw = self.coord.all_gather("events", marshal.dumps(list(recorder._raw)), 30.0, "send its events")
-            self._in_test = False
+            try:
+                if self.stopping is not None:
+                    raise RunStopping(self.stopping)
+                results = self.coord.all_gather(
+                    "result", blob, limit + 30.0, "report its result", watch=f"hang/{item.nodeid}"
+                )
+                raw = self.coord.all_gather("events", marshal.dumps(list(recorder._raw)), 30.0, "send its events")
+            finally:
+                self._in_test = False
         except RunStopping:
-            self._in_test = False
             raise fail_with(self._stopped_words(result), "torchrun stopped the run") from None
         except RanksMissing as exc:
             self._missing(item, exc)
@@ -347,7 +346,6 @@ class SpmdHooks:
             self.ack = f"hang-ack/{item.nodeid}"
             raise fail_with(exc.text + "\nthe run stops here", f"rank {exc.rank} hung") from None
         finally:
-            self._in_test = False
             if own is not None:
                 own.close()
         report = RunReport(
@@ -496,11 +494,15 @@ class RunStopping(BaseException):
 def _finished_words(result: Any) -> str:
     """How a rank that finished the test while another hung did: its outcome, and its own
     failure when it failed."""
-    how = result.outcome + (f": {result.message}" if result.message else "")
-    lines = [f"  finished the test body ({how}), then waited for the other ranks"]
+    lines = [f"  finished the test body ({_outcome_words(result)}), then waited for the other ranks"]
     if result.outcome == "failed" and result.longrepr:
         lines += ["  " + line for line in result.longrepr.splitlines()]
     return "\n".join(lines)
+
+
+def _outcome_words(result: Any) -> str:
+    """``failed: ValueError: boom``, ``passed``."""
+    return f"{result.outcome}: {result.message}" if result.message else result.outcome
 
 
 def _paired_by_group(info: Any) -> bool:

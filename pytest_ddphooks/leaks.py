@@ -224,12 +224,18 @@ class LeakGuard:
         return leaks
 
     def settle(
-        self, before: Snapshot, leaks: list[Leak], holders: Iterable[Any] = (), wait: float = SETTLE_SECONDS
+        self,
+        before: Snapshot,
+        leaks: list[Leak],
+        holders: Iterable[Any] = (),
+        wait: float = SETTLE_SECONDS,
+        newly: Callable[[Leak], bool] | None = None,
     ) -> list[Leak]:
         """Those of ``leaks`` still there once what the test's failure kept alive is released
         (``holders``: objects that may keep failures, such as the test item), garbage is
         collected, processes and threads had ``wait`` seconds to end (longer for what is
-        known to end by itself, ``singletons.patience``) and sockets to be closed."""
+        known to end by itself, ``singletons.patience``) and sockets to be closed; with
+        ``newly``, also what appeared meanwhile that it accepts."""
         if not leaks:
             return []
         releasing.release_failures(holders)
@@ -248,7 +254,8 @@ class LeakGuard:
         if not any(lk.kind == "group" for lk in leaks):  # a live group keeps its sockets open
             _await_closed({lk.ref for lk in leaks if lk.kind == "socket"}, deadline)
         still = self.find(before)
-        return [lk for lk in leaks if any(lk.same(s) for s in still)]
+        kept = [lk for lk in leaks if any(lk.same(s) for s in still)]
+        return kept + [lk for lk in still if newly(lk)] if newly is not None else kept
 
     def clean(self, leaks: list[Leak], before: Snapshot) -> list[Outcome]:
         """Release what can be released safely, in an order that lets owners close their

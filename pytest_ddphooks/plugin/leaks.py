@@ -214,14 +214,14 @@ class LeakHooks:
         # allowed to outlive its test, a process still ends with the session
         self.allowed_processes.extend(lk for lk in leaks if lk.kind == "process" and lk not in own)
         if own:
-            own = self.guard.settle(before, own, holders=_holders(item))
             # a process what the test left running started meanwhile (a thread that started
             # it, then ended) is the test's leak as much as the thread was
-            own += [
-                lk
-                for lk in self.guard.find(before)
-                if lk.kind == "process" and not any(lk.same(o) for o in found) and not allow.allows(lk)
-            ]
+            own = self.guard.settle(
+                before,
+                own,
+                holders=_holders(item),
+                newly=lambda lk: lk.kind == "process" and not any(lk.same(o) for o in found) and not allow.allows(lk),
+            )
         ended = self._ended_scopes(item)
         self._report(item, rank_leaks + self.guard.clean(own, before), ended)
 

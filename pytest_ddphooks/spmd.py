@@ -21,6 +21,7 @@ from typing import Any
 
 from .failure import ranks_words
 from .launch.rendezvous import no_reverse_lookups
+from .recorder.timeline import Mismatch
 
 ENV_MARKERS = ("TORCHELASTIC_RUN_ID",)
 # this rank's own stderr, kept before pytest captures it: what must reach the user even from
@@ -69,9 +70,13 @@ class HangPost:
     text: str  # where it is stuck, with its stack
     blocked: list[tuple[str, int, str, list[int] | None]] = field(default_factory=list)  # (group, seq, op, members)
     entered: dict[str, int] = field(default_factory=dict)  # group -> the last collective's seq it entered
+    # per blocked collective: (group, seq, what must match on every member, the call as a desync
+    # report prints it)
+    calls: list[tuple[str, int, str, str]] = field(default_factory=list)
 
     def dumps(self) -> bytes:
-        return json.dumps({"text": self.text, "blocked": self.blocked, "entered": self.entered}).encode()
+        raw = {"text": self.text, "blocked": self.blocked, "entered": self.entered, "calls": self.calls}
+        return json.dumps(raw).encode()
 
     @staticmethod
     def loads(data: bytes) -> HangPost:
@@ -80,7 +85,9 @@ class HangPost:
             blocked = [
                 (str(g), int(s), str(op), None if m is None else [int(x) for x in m]) for g, s, op, m in raw["blocked"]
             ]
-            return HangPost(str(raw["text"]), blocked, {str(k): int(v) for k, v in raw["entered"].items()})
+            entered = {str(k): int(v) for k, v in raw["entered"].items()}
+            calls = [(str(g), int(s), str(same), str(call)) for g, s, same, call in raw.get("calls", [])]
+            return HangPost(str(raw["text"]), blocked, entered, calls)
         except (ValueError, KeyError, TypeError):
             return HangPost(data.decode("utf-8", "replace"))
 
@@ -108,6 +115,28 @@ def who_never_entered(posts: dict[int, HangPost], world_size: int) -> list[str]:
     if silent:
         lines.append(f"{ranks_words(silent)} said nothing (stuck in native code that holds the GIL, or gone)")
     return lines
+
+
+def desyncs(posts: dict[int, HangPost]) -> list[Mismatch]:
+    """Per group, the first collective its hung members are inside with calls that can never
+    match (what the backend checks differs), as the harness's own runs say a desync."""
+    at: dict[tuple[str, int], dict[int, tuple[str, str]]] = {}
+    for rank, post in posts.items():
+        for group, seq, same, call in post.calls:
+            at.setdefault((group, seq), {})[rank] = (same, call)
+    members = {(g, s): m for post in posts.values() for g, s, _, m in post.blocked}
+    out: list[Mismatch] = []
+    reported: set[str] = set()
+    for group, seq in sorted(at, key=lambda k: (k[1], k[0])):
+        inside = at[(group, seq)]
+        if group in reported or len({same for same, _ in inside.values()}) < 2:
+            continue
+        reported.add(group)
+        ranks = members.get((group, seq)) or sorted(posts)
+        calls: dict[int, str | None] = {r: None for r in ranks}
+        calls.update({r: call for r, (_, call) in inside.items()})
+        out.append(Mismatch(group, seq, calls, tuple(ranks)))
+    return out
 
 
 class Coordinator:

@@ -141,6 +141,31 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
     assert failure is not None and "rank 1 never entered it" in (failure.text or "")
 
 
+def test_ranks_hung_in_collectives_that_cannot_match_are_a_desync(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_mismatch="""
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_mismatch(rank):
+            t = torch.ones(4)
+            dist.all_reduce(t)
+            if rank == 0:
+                dist.all_reduce(t)
+            else:
+                dist.broadcast(t, src=0)
+        """
+    )
+    code, out, seconds = torchrun(pytester.path)
+    assert code != 0 and seconds < 60
+    desync = "desync: collective #2 on the default group: rank 0 all_reduce(float32[4]), rank 1 broadcast(float32[4]"
+    assert desync in out
+    assert "FAILED test_mismatch.py::test_mismatch - desync: collective #2" in out
+    assert "never entered" not in out
+
+
 def test_a_rank_that_finished_while_rank_0_hangs_lets_rank_0_report(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_skip="""

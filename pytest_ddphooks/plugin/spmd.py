@@ -27,7 +27,7 @@ import pytest
 from .. import blobs
 from ..failure import classify, first_failure
 from ..leaks import destroy_groups
-from ..recorder import Recorder
+from ..recorder import Recorder, collectives
 from ..recorder.timeline import Timeline
 from ..report import RunReport
 from ..schedule import EXPLORE_UNDER_TORCHRUN
@@ -36,6 +36,7 @@ from ..spmd import (
     HangPost,
     RankHung,
     RanksMissing,
+    desyncs,
     first_difference,
     init_group,
     say,
@@ -400,7 +401,9 @@ class SpmdHooks:
                         posts[r] = HangPost(f"rank {r}\n" + _finished_words(pickle.loads(finished[r])))
             if len(posts) < self.world_size:
                 time.sleep(0.1)
-        lines = [f"{item.nodeid} did not finish within {limit:g} s; the run stops"]
+        # a desync first, as the harness's own runs say it: the hang is its consequence
+        lines = [f"desync: {m}" for m in desyncs(posts)]
+        lines.append(f"{item.nodeid} did not finish within {limit:g} s; the run stops")
         lines += ["  " + line for line in who_never_entered(posts, self.world_size)]
         for r in sorted(posts):  # each rank's own words, less the line that said which test
             lines += [f"rank {r}:", *posts[r].text.splitlines()[1:]]
@@ -431,8 +434,10 @@ class SpmdHooks:
                 what = f"the wait of {info.get('op')}" if span.kind == "wait" else info.get("op")
                 lines.append(f"  blocked in {what} #{info.get('seq')} on group {info.get('group')}")
                 if span.kind == "collective" and _paired_by_group(info):
-                    members = info.get("ranks")
-                    post.blocked.append((str(info.get("group")), int(info["seq"]), str(info.get("op")), members))
+                    group, seq, op = str(info.get("group")), int(info["seq"]), str(info.get("op"))
+                    post.blocked.append((group, seq, op, info.get("ranks")))
+                    same = repr(collectives.comparable(op, info, loose=bool(info.get("native"))))
+                    post.calls.append((group, seq, same, collectives.signature(op, info)))
             else:
                 lines.append(f"  in {span.start.info.get('qualname') or span.name}")
         main = threading.main_thread().ident

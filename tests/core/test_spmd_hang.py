@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_ddphooks.spmd import HangPost, who_never_entered
+from pytest_ddphooks.recorder import collectives
+from pytest_ddphooks.spmd import HangPost, desyncs, who_never_entered
 
 
 def test_a_rank_behind_a_collective_others_wait_in_is_named() -> None:
@@ -34,3 +35,24 @@ def test_a_post_survives_the_store_and_plain_text_still_reads() -> None:
     post = HangPost("stuck at x", blocked=[("default", 2, "barrier", None)], entered={"default": 2})
     assert HangPost.loads(post.dumps()) == post
     assert HangPost.loads(b"an older rank's words").text == "an older rank's words"
+
+
+def _inside(op: str, payload: str, **more: object) -> HangPost:
+    """A rank's post from inside collective #3 of the default group."""
+    info = {"op": op, "payload": payload, **more}
+    same, call = repr(collectives.comparable(op, info)), collectives.signature(op, info)
+    return HangPost("r", blocked=[("default", 3, op, None)], entered={"default": 3}, calls=[("default", 3, same, call)])
+
+
+def test_hung_ranks_inside_calls_that_cannot_match_are_a_desync() -> None:
+    posts = {0: _inside("all_reduce", "float32[4]", reduce_op="SUM"), 1: _inside("broadcast", "float32[4]", root=0)}
+    assert [str(m) for m in desyncs(posts)] == [
+        "collective #3 on the default group: rank 0 all_reduce(float32[4]), rank 1 broadcast(float32[4], src=0)"
+    ]
+    assert HangPost.loads(posts[0].dumps()) == posts[0]
+
+
+def test_hung_ranks_inside_the_same_collective_are_no_desync() -> None:
+    # a view differs, what the backend checks does not
+    posts = {0: _inside("all_reduce", "float32[2,2]"), 1: _inside("all_reduce", "float32[4]"), 2: HangPost("r")}
+    assert desyncs(posts) == []

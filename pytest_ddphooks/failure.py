@@ -533,6 +533,14 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
     return lines
 
 
+def interrupted_lines(label: str, report: RunReport) -> list[str]:
+    """Where each rank of a run the user interrupted (Ctrl-C) was, as a hang says it."""
+    lines = [f"ddphooks: {label} was interrupted after {report.duration:.1f} s; where its ranks were:"]
+    for rank in range(report.world_size):
+        lines.extend("  " + line for line in describe_state(rank_state(report, rank), stuck=True))
+    return lines
+
+
 _P2P_HALVES = {"recv from ": "a send to", "send to ": "a recv from"}
 
 

@@ -104,6 +104,7 @@ class RunReport:
     exits: dict[int, RankExit] = field(default_factory=dict)
     stopped: dict[int, str] = field(default_factory=dict)  # rank -> why the harness stopped it
     timed_out: bool = False
+    interrupted: bool = False  # the user stopped the session (KeyboardInterrupt) while it ran
     desynced: bool = False  # stopped early: blocked in collectives that can never match
     stall: Stall | None = None  # stopped early: waiting for ranks that had finished
     deadlock: list[int] = field(default_factory=list)  # stopped early: these ranks wait for each other

@@ -108,9 +108,19 @@ class RunWatch:
     def wait_end(self) -> RunReport:
         """Until every rank has ended (stopping the rest when it must); what was observed."""
         self._follow(lambda: False)
-        return self._collect()
+        return self.collect()
 
     def _follow(self, done: object) -> None:
+        try:
+            self._follow_until(done)
+        except KeyboardInterrupt:
+            # the user stopped the session (Ctrl-C): where each rank was, then none runs on
+            if not self.over:
+                self.report.interrupted = True
+                self._stop("interrupted")
+            raise
+
+    def _follow_until(self, done: object) -> None:
         while not self.over and not done():  # type: ignore[operator]
             wake = self._deadline
             if self._stop_at is not None:
@@ -343,7 +353,8 @@ class RunWatch:
                     report.results[r] = late
         self.over = True
 
-    def _collect(self) -> RunReport:
+    def collect(self) -> RunReport:
+        """What the run's ranks reported, output and recorded events included (once it is over)."""
         report, job = self.report, self.job
         report.duration = time.monotonic() - self._started
         for r in range(job.world_size):

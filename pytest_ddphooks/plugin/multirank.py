@@ -25,7 +25,7 @@ from _pytest.junitxml import xml_key
 from _pytest.outcomes import Skipped
 
 from .. import coverage_relay
-from ..failure import RunFailure, Verdict, attempt_summary, classify, render
+from ..failure import RunFailure, Verdict, attempt_summary, classify, interrupted_lines, render
 from ..launch import debugger
 from ..launch.job import Job
 from ..launch.run import RunWatch
@@ -91,6 +91,7 @@ class MultirankHooks:
         self._ahead: Job | None = None  # the run whose ranks are being prepared for the next test
         self._next_item: pytest.Item | None = None
         self._order: dict[str, int] = {}  # node id -> its place in the session's items
+        self._interrupted: list[str] = []  # where the ranks of an interrupted test were
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -122,8 +123,26 @@ class MultirankHooks:
         self._next_item = nextitem
         try:
             return (yield)
+        except KeyboardInterrupt:
+            self._say_where_interrupted(item)
+            raise
         finally:
             self._next_item = None
+
+    def _say_where_interrupted(self, item: pytest.Item) -> None:
+        """Keep, for the summary, where the ranks of the test the user interrupted were."""
+        active = item.stash.get(ACTIVE_KEY, None)
+        watch = active.watch if active is not None else None
+        if watch is None or not watch.report.interrupted:
+            return
+        try:
+            self._interrupted = interrupted_lines(item.nodeid, watch.collect())
+        except Exception as exc:  # the session is ending: never in the way of the interrupt
+            self._interrupted = [f"ddphooks: {item.nodeid} was interrupted; where its ranks were is unknown ({exc})"]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for line in self._interrupted:
+            terminalreporter.write_line(line)
 
     # -- the phases --------------------------------------------------------------------------
 

@@ -141,6 +141,57 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
     assert failure is not None and "rank 1 never entered it" in (failure.text or "")
 
 
+def test_markers_mean_under_torchrun_what_they_mean_without_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_markers="""
+        import os
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, init_process_group=False)
+        def test_own_group(rank):
+            assert not dist.is_initialized()
+            dist.init_process_group("gloo")
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2  # left alive, as trainers leave theirs
+
+        @pytest.mark.multirank(world_size=2, init_process_group=False)
+        def test_own_group_again_fails_on_rank_1(rank):
+            assert not dist.is_initialized()
+            dist.init_process_group("gloo")
+            if rank == 1:
+                raise ValueError("boom")
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_the_sessions_group_is_back(rank):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+        @pytest.mark.multirank(world_size=2, backend="nccl")
+        def test_nccl(rank):
+            raise AssertionError("ran without a GPU")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_node_rank(rank):
+            assert os.environ["NODE_RANK"] == os.environ["GROUP_RANK"] == "0"
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "-rA")
+    assert code != 0
+    assert "PASSED test_markers.py::test_own_group" in out
+    assert "FAILED test_markers.py::test_own_group_again_fails_on_rank_1 - rank 1" in out
+    assert "rank 1: failed: ValueError: boom" in out
+    assert "leaked" not in out
+    assert "PASSED test_markers.py::test_the_sessions_group_is_back" in out
+    assert "SKIPPED [1] test_markers.py:28: multirank(backend='nccl') needs 2 GPUs per node" in out
+    assert "PASSED test_markers.py::test_node_rank" in out
+    assert "1 failed, 3 passed, 1 skipped" in out
+
+
 def test_ranks_hung_in_collectives_that_cannot_match_are_a_desync(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_mismatch="""

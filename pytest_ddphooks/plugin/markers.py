@@ -17,7 +17,8 @@ from ..spec import MultirankSpec, SpecError, parse_multirank
 from . import rankfixtures
 
 MULTIRANK_HELP = (
-    "multirank(world_size=2, *, backend='gloo', nodes=1, timeout=None, init_process_group=True):"
+    "multirank(world_size=2, *, backend='gloo', nodes=1, timeout=None, init_process_group=True,"
+    " restarts=0, explore=None, schedule=None):"
     " run the test body on world_size fresh rank processes joined in one process group"
 )
 SPECIAL_HELP = "special: run this test in a fresh Python interpreter of its own"

@@ -15,14 +15,17 @@ import marshal
 import os
 import pickle
 import signal
+import socket
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Generator
 from datetime import timedelta
 from typing import Any, NoReturn
 
 import pytest
+from _pytest.outcomes import Skipped
 
 from .. import blobs
 from ..failure import classify, first_failure
@@ -49,6 +52,8 @@ from .rankbody import outcome_of
 from .reports import fail_with, keep_artifacts, raise_verdict
 from .session import DdpSession
 
+# what a test that creates its own group under torchrun is given instead of torchrun's
+_OWN_GROUP_ENV = ("MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
 HANG_GRACE = 5.0  # past the limit, a rank's own watchdog ends the run
 SESSION_DONE = "session-done"  # set by rank 0 once its reports are written
 REPORT_GRACE = 15.0  # what rank 0 may take then to report the test and finish the session's reports
@@ -64,6 +69,9 @@ class SpmdHooks:
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        if "NODE_RANK" not in os.environ and "GROUP_RANK" in os.environ:
+            # what multirank(nodes=...) promises a rank; torchrun names it GROUP_RANK only
+            os.environ["NODE_RANK"] = os.environ["GROUP_RANK"]
         self.nodes = max(self.world_size // max(self.local_world_size, 1), 1)
         self.start_timeout = ddp.settings.timeout
         self.coord = Coordinator.from_env(timeout=max(self.start_timeout, 60.0))
@@ -136,6 +144,21 @@ class SpmdHooks:
         if multirank:
             # the session's group exists before the first test: no test is blamed for it
             self._ensure_group(self.start_timeout)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        run = item.stash.get(RUN_KEY, None)
+        if run is None or run.spec.backend != "nccl":
+            return
+        import torch
+
+        # every rank decides alike (the same test, the same machine kind): none waits for another
+        visible = torch.cuda.device_count()
+        if visible < self.local_world_size:
+            reason = f"multirank(backend='nccl') needs {self.local_world_size} GPUs per node, {visible} visible"
+        else:
+            reason = "multirank(backend='nccl') under torchrun: the session's group is gloo; run it without torchrun"
+        raise Skipped(reason, _use_item_location=True)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -254,6 +277,36 @@ class SpmdHooks:
         init_group(self.coord.store, self.rank, self.world_size, self.generation, max(limit, 1.0) + 30.0)
         self.group_ok = True
 
+    def _own_group_environment(self, item: pytest.Item) -> dict[str, str | None]:
+        """For ``init_process_group=False``: no group while the body runs, and a store of its
+        own for the one it creates (torchrun's keeps the keys of every group made on it, which
+        a second group made the same way would read); what the environment was, to restore."""
+        destroy_groups()
+        self.group_ok = False
+        port = b"0"
+        if self.rank == 0:
+            with socket.socket() as probe:
+                probe.bind(("", 0))
+                port = str(probe.getsockname()[1]).encode()
+        try:
+            ports = self.coord.all_gather("own-group-port", port, self.start_timeout, "start the test")
+        except RanksMissing as exc:
+            self._missing(item, exc)
+        saved = {name: os.environ.get(name) for name in _OWN_GROUP_ENV}
+        os.environ["MASTER_PORT"] = ports[0].decode()
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # rank 0 serves that store itself
+        return saved
+
+    def _end_own_group(self, saved: dict[str, str | None]) -> None:
+        """The groups the body left go (trainers keep theirs on purpose); torchrun's
+        environment comes back."""
+        destroy_groups()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
     def exchange(self, blob: bytes, name: str = "timeline", what: str = "join recorder.timeline()") -> list[bytes]:
         """Every rank's ``blob`` (of any size), in rank order; RanksMissing after the limit."""
         self._exchanges += 1
@@ -289,7 +342,9 @@ class SpmdHooks:
         if elsewhere:
             r, other = next(iter(elsewhere.items()))
             self._missing(item, RanksMissing(f"start {item.nodeid!r} (it is at {other!r})", [r], 0))
-        self._ensure_group(limit)
+        own_group_env = None if run.spec.init_process_group else self._own_group_environment(item)
+        if own_group_env is None:
+            self._ensure_group(limit)
         recorder = item.funcargs.get("recorder")
         own = None
         if not isinstance(recorder, Recorder):
@@ -310,12 +365,19 @@ class SpmdHooks:
             self._in_test = False  # the harness's own work from here: never cut short
             watchdog.cancel()
             self.current = None
+            if own_group_env is not None:
+                self._end_own_group(own_group_env)
         if self._watchdog_owns.is_set():
             # the body returned past its limit, once the watchdog had taken the test over: it
             # reports and ends this process; nothing more is said from here
             threading.Event().wait()
         markup = bool(self.config.get_terminal_writer().hasmarkup)
         result = outcome_of(item, self.rank, error, "call", time.monotonic() - started, markup)
+        if error is not None:
+            # a failed body's frames hold what it made (a group of its own, with its sockets):
+            # the result has what it needed of them
+            traceback.clear_frames(error.__traceback__)
+            error = None
         if result.outcome == "failed":
             # a peer may wait in a collective this rank will never enter: the group goes now,
             # so its call fails at once (a consequence of this failure) instead of hanging to

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import releasing, singletons
+from . import ownership, releasing, singletons
 from .launch import procs
 from .launch.rendezvous import DIST_ENV
 
@@ -157,7 +157,8 @@ def _threads() -> dict[int, threading.Thread]:
     return {t.ident: t for t in threading.enumerate() if t.ident is not None and t.is_alive()}
 
 
-def _env() -> dict[str, str]:
+def env_now() -> dict[str, str]:
+    """The distributed environment variables, as they are now."""
     return {k: v for k, v in os.environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
 
 
@@ -194,7 +195,7 @@ class LeakGuard:
         return out
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(_groups(), self._processes(), _threads(), frozenset(_fds_by_inode()), _env())
+        return Snapshot(_groups(), self._processes(), _threads(), frozenset(_fds_by_inode()), env_now())
 
     def find(self, before: Snapshot, after: Snapshot | None = None) -> list[Leak]:
         after = after or self.snapshot()
@@ -264,11 +265,15 @@ class LeakGuard:
         out: list[Outcome] = []
         groups = [lk for lk in leaks if lk.kind == "group"]
         if groups:
-            problems = destroy_groups()
+            problems = destroy_groups([lk.key for lk in groups])
             for leak in groups:
                 out.append(Outcome(leak, not problems, problems[0] if problems else "destroyed"))
+        held = ownership.held_processes({lk.ref for lk in leaks if lk.kind == "process" and lk.ref})
         for leak in leaks:
-            if leak.kind == "process":
+            if leak.kind == "process" and leak.ref in held:
+                how = f"{held[leak.ref]} still holds it: left running, as killing it would break that object"
+                out.append(Outcome(leak, False, how))
+            elif leak.kind == "process":
                 if leak.ref:
                     procs.kill_tree(leak.ref, wait=2.0)
                 out.append(Outcome(leak, True, "killed"))
@@ -440,17 +445,28 @@ def _native_owners() -> str:
     return f"still referenced: {found}"
 
 
-def destroy_groups() -> list[str]:
+def destroy_groups(names: Iterable[str] | None = None) -> list[str]:
+    """Destroy the groups named (``"default"``: every group, with the default one); all of
+    them without names. A sub-group left behind goes alone: the groups that were there
+    before it (a session fixture's default group) stay."""
     dist = _dist()
     if dist is None or not dist.is_initialized():
         return []
+    targets: list[Any] = [None]
+    if names is not None and "default" not in names:
+        wanted = set(names)
+        try:
+            targets = [pg for pg, name in dict(dist.distributed_c10d._world.pg_names).items() if str(name) in wanted]
+        except Exception:
+            targets = [None]
     # a group broken by a failed collective can hang in destroy: never wait for it forever
     done = threading.Event()
     error: list[BaseException] = []
 
     def destroy() -> None:
         try:
-            dist.destroy_process_group()
+            for group in targets:
+                dist.destroy_process_group(group)
         except BaseException as exc:
             error.append(exc)
         finally:

@@ -20,15 +20,16 @@ from typing import Any
 
 import pytest
 
-from .. import coverage_relay, spmd
+from .. import coverage_relay, ownership, spmd
 from ..errors import LeakWarning
 from ..launch import procs
-from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot
+from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot, env_now
 from .markers import is_special
 from .session import DdpSession
 from .special import runs_here
 
 BEFORE_KEY = pytest.StashKey[Snapshot]()
+WIDER_KEY = pytest.StashKey[dict[str, tuple[Any, Any]]]()  # the wider fixtures' values as teardown began
 SCOPED_KEY = pytest.StashKey[list[Any]]()
 AFTER_SETUP_KEY = pytest.StashKey[Snapshot]()
 RANK_LEAKS_KEY = pytest.StashKey[list[Leak]]()
@@ -86,6 +87,22 @@ class LeakHooks:
         self.session_report: list[str] = []
         self.relaunched = spmd.relaunched_rank() is not None
         self.late = ddp.late_leaks  # filled by the multirank hooks as the session ends
+        # wider-scoped fixture -> the environment variables its own setup changed: of several
+        # fixtures set up for one test, the one that set a variable is the one named for it
+        self._env_set_by: dict[str, set[str]] = {}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Generator[None, object, object]:
+        if fixturedef.scope == "function":
+            return (yield)
+        before = env_now()
+        try:
+            return (yield)
+        finally:
+            after = env_now()
+            changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+            if changed:
+                self._env_set_by[fixturedef.argname] = changed
 
     def _allow_for(self, item: pytest.Item) -> Allowlist | None:
         """The allowlist of one test, or None when its marker allows everything; read at its
@@ -131,11 +148,14 @@ class LeakHooks:
         # under "off" too: a leak is still cleaned up before the next test, only not reported
         with coverage_relay.HarnessWork():
             item.stash[BEFORE_KEY] = self.guard.snapshot()
-        fresh = [fd for fd in self._scoped_fixtures(item) if fd.cached_result is None]
+        scoped = self._scoped_fixtures(item)
+        # what the setup makes anew: a fixture never made yet, or one made again (for its
+        # next parameter) holds a result it did not hold before
+        had = [fd.cached_result for fd in scoped]
         try:
             return (yield)
         finally:
-            made = [fd for fd in fresh if fd.cached_result is not None]
+            made = [fd for fd, old in zip(scoped, had, strict=True) if fd.cached_result not in (None, old)]
             if made:
                 item.stash[SCOPED_KEY] = made
                 with coverage_relay.HarnessWork():
@@ -164,11 +184,15 @@ class LeakHooks:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        item.stash[WIDER_KEY] = self._wider_values(item)
         try:
             return (yield)
         finally:
-            with coverage_relay.HarnessWork():
-                self._check(item)
+            try:
+                with coverage_relay.HarnessWork():
+                    self._check(item)
+            finally:
+                del item.stash[WIDER_KEY]  # the values would otherwise live as long as the session
 
     def _check(self, item: pytest.Item) -> None:
         before = item.stash.get(BEFORE_KEY, None)
@@ -196,10 +220,18 @@ class LeakHooks:
             owned = [lk for lk in leaks if any(lk.same(m) for m in made_in_setup)]
             if owned:
                 fixtures = item.stash[SCOPED_KEY]
-                nodes = [self._scope_node(item, fd.scope) for fd in fixtures]
-                owner = "fixture " + ", ".join(f"{fd.argname!r} ({fd.scope} scope)" for fd in fixtures)
-                self.pending.append(_Pending(nodes, owner, item.nodeid, before, owned))
+                # an environment variable is the fixture's that set it; the rest, all of theirs
+                by_owner: dict[tuple[Any, ...], list[Leak]] = {}
+                for lk in owned:
+                    setters = [fd for fd in fixtures if lk.key in self._env_set_by.get(fd.argname, ())]
+                    by_owner.setdefault(tuple(setters if lk.kind == "env" and setters else fixtures), []).append(lk)
+                for owners, theirs in by_owner.items():
+                    nodes = [self._scope_node(item, fd.scope) for fd in owners]
+                    owner = "fixture " + ", ".join(f"{fd.argname!r} ({fd.scope} scope)" for fd in owners)
+                    self.pending.append(_Pending(nodes, owner, item.nodeid, before, theirs))
                 leaks = [lk for lk in leaks if not any(lk.same(o) for o in owned)]
+        if leaks:
+            leaks = self._defer_what_fixtures_own(item, before, leaks)
         if leaks and type(item).__name__ == "TestCaseFunction" and item.parent is not None:
             # a unittest class keeps what setUp/setUpClass made for all its tests (torch's
             # MultiProcContinuousTest spawns its workers in the first setUp): judged when the
@@ -225,10 +257,55 @@ class LeakHooks:
         ended = self._ended_scopes(item)
         self._report(item, rank_leaks + self.guard.clean(own, before), ended)
 
-    def _still(self, entry: _Pending) -> list[Leak]:
-        """What a wider-scoped fixture made and is still there, not allowed, once settled."""
+    @staticmethod
+    def _wider_values(item: pytest.Item) -> dict[str, tuple[Any, Any]]:
+        """The fixtures of wider scope the test used (getfixturevalue's too), with their values."""
+        values = {}
+        for name, fd in getattr(getattr(item, "_request", None), "_fixture_defs", {}).items():
+            result = fd.cached_result
+            module = getattr(fd.func, "__module__", "") or ""
+            if fd.scope == "function" or result is None or result[2] is not None:
+                continue
+            if module.startswith(("_pytest", "pytest_ddphooks")):
+                continue  # pytest's own and this plugin's fixtures own nothing of the test's
+            values[name] = (fd, result[0])
+        return values
+
+    def _defer_what_fixtures_own(self, item: pytest.Item, before: Any, leaks: list[Leak]) -> list[Leak]:
+        """What the value of a fixture of wider scope holds (a pool's workers started at its
+        first use, a client's kept-alive connection) is the fixture's: judged when its scope
+        ends, never pulled from under it. The rest is returned."""
+        # taken as the teardown began: a scope that ended in it no longer holds its value
+        values = item.stash.get(WIDER_KEY, None) or self._wider_values(item)
+        if not values:
+            return leaks
+        kinds = ("process", "thread", "socket")
+        owners = ownership.owned(
+            {name: value for name, (_, value) in values.items()},
+            *({lk.ref for lk in leaks if lk.kind == kind} for kind in kinds),
+        )
+        taken: list[Leak] = []
+        for name, found in owners.items():
+            fd = values[name][0]
+            mine = [lk for lk in leaks if (lk.kind, lk.ref) in found and lk not in taken]
+            if mine:
+                taken.extend(mine)
+                owner = f"fixture {name!r} ({fd.scope} scope)"
+                self.pending.append(_Pending([self._scope_node(item, fd.scope)], owner, item.nodeid, before, mine))
+        return [lk for lk in leaks if lk not in taken]
+
+    def _still(self, entry: _Pending, item: pytest.Item | None = None) -> list[Leak]:
+        """What a wider-scoped fixture made and is still there, not allowed, once settled.
+        What the test being torn down still holds in its arguments (the fixture's value, which
+        pytest lets go right after this teardown) goes with them: no leftover."""
         still = [lk for lk in self.guard.find(entry.before) if any(lk.same(o) for o in entry.leaks)]
         still = [lk for lk in still if not self.allow.allows(lk)]
+        args = dict(getattr(item, "funcargs", None) or {})
+        if still and args:
+            kinds = ("process", "thread", "socket")
+            owners = ownership.owned(args, *({lk.ref for lk in still if lk.kind == kind} for kind in kinds))
+            held = set().union(*owners.values()) if owners else set()
+            still = [lk for lk in still if (lk.kind, lk.ref) not in held]
         return self.guard.settle(entry.before, still)
 
     def _ended_scopes(self, item: pytest.Item) -> list[tuple[_Pending, list[Outcome]]]:
@@ -239,7 +316,7 @@ class LeakHooks:
             if live is not None and any(node in live for node in entry.nodes):
                 continue
             self.pending.remove(entry)
-            still = self._still(entry)
+            still = self._still(entry, item)
             if still:
                 out.append((entry, self.guard.clean(still, entry.before)))
         return out

@@ -139,10 +139,14 @@ UNEVEN: frozenset[str] = frozenset({"all_to_all", "all_to_all_single", "all_gath
 
 # The same collective reached through another API: a ProcessGroup method, an alias.
 CANONICAL: dict[str, str] = {
-    "_all_gather_base": "all_gather_into_tensor",
-    "all_gather_single": "all_gather_into_tensor",
+    "_all_gather_base": "all_gather",
+    "all_gather_single": "all_gather",
     "_reduce_scatter_base": "reduce_scatter_tensor",
     "reduce_scatter_single": "reduce_scatter_tensor",
+    # gloo runs a list all-gather and one into a tensor alike, a coalesced all-reduce of one
+    # tensor as that tensor's all-reduce
+    "all_gather_into_tensor": "all_gather",
+    "all_reduce_coalesced": "all_reduce",
 }
 
 # Ops whose root, when neither the global nor the group-relative one is given, is global rank 0.
@@ -203,6 +207,9 @@ def comparable(op: str, info: Mapping[str, Any], loose: bool = False) -> tuple[A
 
 
 def group_label(group: str, ranks: list[int] | None) -> str:
+    base, again, _ = group.partition("+")
+    if again:  # another group created under the name of one destroyed before it
+        return group_label(base, ranks) + " (created again under its name)"
     name, _, incarnation = group.partition("/")
     if incarnation:
         return group_label(name, ranks) + f" (created again: incarnation {incarnation})"

@@ -224,7 +224,7 @@ def _known_group(rec: EventLog, pg: Any, world: Any) -> tuple[Any, str, str, Any
         if pg is world:
             known = (pg, rec.group_key("default"), "group_size", int(world.size()))
         else:
-            key = rec.group_key(_group_name(pg, world))
+            key = rec.key_for_group(_group_name(pg, world), pg)
             known = (pg, key, "ranks", list(_dist().get_process_group_ranks(pg)))
         rec.described_groups[id(pg)] = known
     return known
@@ -268,12 +268,17 @@ def describe_collective(
             cache[shape] = known
     _, key, static = known
     call = Call(static, pg, _counter(pg))
+    unsure = None
     if op == "monitored_barrier":
         # made of sends and receives (rank 0 with every other): its own count pairs it
         call.p2p = True
         seq, unseen = rec.next_seq(("monitored", key)), 0
     else:
-        seq, unseen = rec.collective_seq(key, call.counter)
+        seq, unseen, unsure = rec.collective_seq(key, call.counter)
+    if unsure is not None:
+        # no number: it pairs with nothing, so it orders nothing, and says why
+        call.info = {**static, "unsure": unsure}
+        return call
     call.info = {**static, "seq": seq}
     if unseen:
         call.info["unseen"] = unseen
@@ -360,6 +365,11 @@ def run_recorded(
     __tracebackhide__ = True
     info = call.info
     call_id = rec.begin(kind, name, info, call.static, call.numbered)
+    group = info.get("group", "") if call.pg is not None else ""
+    if group:
+        rec.opened(group)
+    # a send or a receive advances the group's counter by one; a monitored barrier by its parts
+    ops = 1 if call.p2p and info.get("op") != "monitored_barrier" else None
     _tls.depth = 1
     try:
         result = fn(*args, **kwargs)
@@ -373,7 +383,9 @@ def run_recorded(
             # raised before it reached the group (a bad root, a wrong list): no collective of
             # the group's sequence, though it was numbered as the next one
             failed["issued"] = False
-        rec.counted(info.get("group", ""), call.counter, after, call.p2p)
+            if info.get("op") == "monitored_barrier" and "seq" in info:
+                rec.unnumber(("monitored", group), int(info["seq"]))
+        rec.counted(group, call.counter, after, call.p2p, ops)
         rec.end(call_id, kind, name, failed)
         raise
     _tls.depth = 0
@@ -383,7 +395,7 @@ def run_recorded(
         if "async" in info and pg is not None and result is not None:
             rec.awaiting(_awaitable(result), call_id, name, info, call.static)
         if pg is not None:
-            rec.counted(info["group"], call.counter, _counter(pg), call.p2p)
+            rec.counted(group, call.counter, _counter(pg), call.p2p, ops)
         if after is not None:
             out = after(rec, call, result)
     except Exception as exc:  # the recorder must never be why a call fails
@@ -440,7 +452,9 @@ def _describe_group_op(rec: EventLog, op: str, bound: dict[str, Any]) -> Call:
         ranks = bound.get("ranks")
         info["ranks"] = None if ranks is None else [int(r) for r in ranks]
     else:
-        info["group"] = rec.group_key(_group_name(bound.get("group")))
+        group = bound.get("group")
+        name = _group_name(group)
+        info["group"] = rec.key_for_group(name, group) if group is not None else rec.group_key(name)
     return Call(info)
 
 
@@ -488,7 +502,7 @@ def _after_function_call(op: str, rec: EventLog, call: Call, result: Any) -> dic
     if op == "new_group":
         if result is dist.GroupMember.NON_GROUP_MEMBER:
             return {"group": "non-member"}
-        key = rec.group_key(_group_name(result))
+        key = rec.key_for_group(_group_name(result), result)
         rec.group_created(key, result, _counter(result))
         return {"group": key}
     if op == "destroy_process_group":
@@ -614,7 +628,27 @@ METHODS: dict[str, tuple[str, _Describe]] = {
     "gather": ("gather", _rooted_second),
     "scatter": ("scatter", _scatter),
 }
-_P2P_METHODS = {"send": ("send", collectives.SEND), "recv": ("recv", collectives.RECV)}
+_P2P_METHODS = {
+    "send": ("send", collectives.SEND),
+    "recv": ("recv", collectives.RECV),
+    "recv_anysource": ("recv", collectives.RECV),  # its sender is known only once it completed
+}
+
+
+def _itself(pg: Any, tensors: Any) -> Any:
+    return pg
+
+
+def _group_of_backend(backend: Any, tensors: Any) -> Any:
+    """The process group whose backend (for the tensor's device) ``backend`` is; None if none."""
+    device = one_tensor(tensors).device
+    for pg in list(getattr(_c10d_world, "pg_map", {}) or {}):
+        try:
+            if pg._get_backend(device) is backend:
+                return pg
+        except Exception:
+            continue
+    return None
 
 
 def _patch_methods(c10d_c: types.ModuleType) -> None:
@@ -625,10 +659,15 @@ def _patch_methods(c10d_c: types.ModuleType) -> None:
         original = getattr(pg_type, method, None)
         if original is not None and not hasattr(original, _MARK):
             setattr(pg_type, method, _wrap_method(method, op, describe, original))
-    for method, (op, sync) in _P2P_METHODS.items():
-        original = getattr(pg_type, method, None)
-        if original is not None and not hasattr(original, _MARK):
-            setattr(pg_type, method, _wrap_p2p_method(method, op, sync, original))
+    # a backend's own sends and receives advance its group's counter like the group's: were
+    # they not recorded, the rank's numbering of the group's collectives would shift
+    for owner, group_of in ((pg_type, _itself), (getattr(c10d_c, "Backend", None), _group_of_backend)):
+        if owner is None:
+            continue
+        for method, (op, sync) in _P2P_METHODS.items():
+            original = getattr(owner, method, None)
+            if original is not None and not hasattr(original, _MARK):
+                setattr(owner, method, _wrap_p2p_method(owner.__name__, method, op, sync, original, group_of))
     work = getattr(c10d_c, "Work", None)
     original = getattr(work, "wait", None)
     if original is not None and not hasattr(original, _MARK):
@@ -666,23 +705,33 @@ def _after_p2p_method(rec: EventLog, call: Call, result: Any) -> dict[str, Any]:
     return _received(rec, call, call.info.get("src"))
 
 
-def _wrap_p2p_method(method: str, op: str, sync: str, original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_p2p_method(
+    owner: str, method: str, op: str, sync: str, original: Callable[..., Any], group_of: Callable[[Any, Any], Any]
+) -> Callable[..., Any]:
     name = "dist." + op
-    api = "ProcessGroup." + method
+    api = f"{owner}.{method}"
+    anysource = method == "recv_anysource"
 
-    def build(rec: EventLog, pg: Any, tensors: Any, peer: int, tag: int) -> Call:
-        peer_global = _global(pg, None, int(peer))
+    def build(rec: EventLog, pg: Any, tensors: Any, peer: int | None, tag: int) -> Call:
+        peer_global = None if peer is None else _global(pg, None, int(peer))
         return _point_to_point(rec, op, pg, sync, peer_global, int(tag), one_tensor(tensors), api=api, async_op=True)
 
-    def wrapper(self: Any, tensors: Any, peer: int, tag: int = 0, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         rec = active._current
         if rec is None or _tls.depth:
-            return original(self, tensors, peer, tag, *args, **kwargs)
-        call = describe_safely(op, build, rec, self, tensors, peer, tag)
-        return run_recorded(
-            rec, events.P2P, name, call, original, (self, tensors, peer, tag, *args), kwargs, _after_p2p_method
-        )
+            return original(self, tensors, *args, **kwargs)
+        pg = group_of(self, tensors)
+        if pg is None:
+            return original(self, tensors, *args, **kwargs)
+        if anysource:  # (tensors, tag)
+            peer, tag = None, (args[0] if args else kwargs.get("tag", 0))
+        else:  # (tensors, peer, tag)
+            peer = args[0] if args else kwargs.get("dstRank", kwargs.get("srcRank"))
+            tag = args[1] if len(args) > 1 else kwargs.get("tag", 0)
+        call = describe_safely(op, build, rec, pg, tensors, peer, tag)
+        call.pg = pg
+        return run_recorded(rec, events.P2P, name, call, original, (self, tensors, *args), kwargs, _after_p2p_method)
 
     functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wrapper, _MARK, original)
@@ -781,6 +830,8 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
         group = None if pg is _default_group() else pg
         root = bound.get("src")
         payload = bound.get("self", bound.get("inputs"))
+        if op == "reduce_scatter_tensor" and hasattr(payload, "shape"):
+            payload = _scattered(payload, int(bound.get("scatter_dim") or 0), int(pg.size()))
         return describe_collective(
             rec,
             op,
@@ -803,6 +854,15 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
     functools.update_wrapper(wrapper, original)
     setattr(wrapper, _MARK, original)
     return wrapper
+
+
+def _scattered(tensor: Any, dim: int, size: int) -> Any:
+    """What a reduce-scatter of ``tensor`` gives each member (as the other APIs describe the
+    call, by its output): a tensor without data, of that shape."""
+    shape = list(tensor.shape)
+    if size > 0 and shape:
+        shape[dim] //= size
+    return sys.modules["torch"].empty(shape, dtype=tensor.dtype, device="meta")
 
 
 _PATCHERS: dict[str, Callable[[types.ModuleType], None]] = {_C10D: _patch_functions, _FUNCOL: _patch_functional}

@@ -70,7 +70,8 @@ def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
     group = e.info.get("group")
     where = "" if group == "default" else f" [g{group}]"
     wait = " (native)" if e.info.get("native") else " (async)" if e.info.get("async") else ""
-    return f"{tag}= {op} #{e.info.get('seq')}{where}{wait}{stuck}"
+    number = f"#{e.info['seq']}" if e.info.get("seq") else "#? (unpaired)" if e.info.get("unsure") else "#?"
+    return f"{tag}= {op} {number}{where}{wait}{stuck}"
 
 
 class _Grid:

@@ -35,13 +35,17 @@ class _GroupCounter:
     """What this rank has seen of one group's own sequence counter (every collective and
     send/recv on the group advances it, whichever API issued it)."""
 
-    __slots__ = ("calls", "expected", "in_flight", "offset")
+    __slots__ = ("calls", "expected", "in_flight", "offset", "open", "overlapped", "untrusted")
 
     def __init__(self) -> None:
         self.offset = 0  # how far this rank's own sends and receives advanced it
         self.expected: int | None = None  # its value after the last recorded call
         self.in_flight: int | None = None  # its value when a recorded call that has not returned began
         self.calls = 0  # recorded calls, for a group whose counter cannot be read
+        self.open = 0  # recorded calls on the group running now (on any thread)
+        self.overlapped = False  # a call began while another was running, since none ran
+        # why this rank's own count of the group can no longer be trusted, once it cannot
+        self.untrusted: str | None = None
 
 
 class EventLog:
@@ -73,6 +77,10 @@ class EventLog:
         self._p2p: dict[tuple[Any, ...], int] = {}
         self._counters: dict[str, _GroupCounter] = {}
         self._groups: dict[str, Any] = {}  # group key -> its ProcessGroup, to read its counter at the end
+        # group key -> the ProcessGroup it names; per name, its latest key and how many groups had it
+        self._owners: dict[str, Any] = {}
+        self._generation_keys: dict[str, str] = {}
+        self._generations: dict[str, int] = {}
         # id(ProcessGroup) -> what the calls on it say of it (``distpatch``); forgotten with the groups
         self.described_groups: dict[int, tuple[Any, ...]] = {}
         self.described_calls: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # the same, of calls
@@ -215,7 +223,25 @@ class EventLog:
         destroyed and created again (group names and counters start over then)."""
         return name if self._incarnation == 1 else f"{name}/{self._incarnation}"
 
+    def key_for_group(self, name: str, pg: Any) -> str:
+        """``group_key(name)`` for the group ``pg``; a group created under the name of one
+        before it (groups made with ``use_local_synchronization`` are named by their ranks)
+        gets a key of its own: its counter started over, and its calls are other calls."""
+        base = self.group_key(name)
+        key = self._generation_keys.get(base, base)
+        owner = self._owners.get(key)
+        if owner is None or owner is pg:
+            self._owners[key] = pg
+            return key
+        generation = self._generations[base] = self._generations.get(base, 1) + 1
+        key = self._generation_keys[base] = f"{base}+{generation}"
+        self._owners[key] = pg
+        return key
+
     def groups_destroyed(self) -> None:
+        self._owners.clear()
+        self._generation_keys.clear()
+        self._generations.clear()
         self._incarnation += 1
         self._incarnation_starts.append(time.time_ns())
         self._counters.clear()
@@ -231,17 +257,23 @@ class EventLog:
             state = self._counters[group] = _GroupCounter()
         return state
 
-    def collective_seq(self, group: str, counter: int | None) -> tuple[int, int]:
+    def collective_seq(self, group: str, counter: int | None) -> tuple[int, int, str | None]:
         """The number that pairs a collective starting now on ``group`` across its members,
-        and how many calls on the group this rank made since its last recorded one, unseen.
+        how many calls on the group this rank made since its last recorded one, unseen, and
+        why the number cannot be trusted (then it pairs with nothing), if it cannot.
 
         The number is the group's own counter (``counter``, read before the call) less what
         this rank's own sends and receives added to it: every member agrees on it, however
-        the collectives were issued, so calls the recorder could not see never shift it."""
+        the collectives were issued, so calls the recorder could not see never shift it. A
+        call another thread is running on the group may or may not have counted yet: a
+        collective that starts meanwhile has no number anyone can be sure of."""
         state = self._counter_of(group)
         state.calls += 1
+        unsure = state.untrusted
+        if unsure is None and state.open:
+            unsure = "it was issued while another thread of the rank was inside a call on the group"
         if counter is None:
-            return state.calls, 0
+            return state.calls, 0, unsure
         unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
         if unseen:
             assert state.expected is not None
@@ -249,7 +281,14 @@ class EventLog:
             # the flight recorder keeps the last 2,000 entries: the tail of a long gap is what it can hold
             self._gaps_unread.append((group, set(range(max(state.expected, counter - _TRACKED_GAP) + 1, counter + 1))))
         state.in_flight = counter
-        return counter - state.offset + 1, unseen
+        return counter - state.offset + 1, unseen, unsure
+
+    def opened(self, group: str) -> None:
+        """A recorded call on ``group`` is about to run (``counted`` ends it)."""
+        state = self._counter_of(group)
+        if state.open:
+            state.overlapped = True
+        state.open += 1
 
     def group_created(self, group: str, pg: Any, counter: int | None) -> None:
         """A group came into being with its counter at ``counter`` (0): from here on, any call
@@ -287,16 +326,38 @@ class EventLog:
         waiting in a later one waits for nothing."""
         self._write_file_only(events.COUNTERS, events.POINT, "counters", self.final_counters())
 
-    def counted(self, group: str, before: int | None, after: int | None, p2p: bool) -> None:
-        """A call on ``group`` returned with the group's counter at ``after``."""
-        if not group or before is None or after is None:
+    def counted(self, group: str, before: int | None, after: int | None, p2p: bool, ops: int | None = None) -> None:
+        """A call on ``group`` returned with the group's counter at ``after``. For a send or
+        receive, ``ops``: how many it issues (each advances the counter by one), when known."""
+        if not group:
             return
         state = self._counter_of(group)
+        overlapped = state.overlapped
+        state.open = max(state.open - 1, 0)
+        if not state.open:
+            state.overlapped = False
+        if before is None or after is None:
+            return
         state.expected = after
         state.in_flight = None
         if p2p:
-            state.offset += after - before
+            if ops is not None:
+                # never what the counter moved by: another thread's calls move it too
+                state.offset += ops if after > before else 0
+            else:
+                state.offset += after - before
+                if overlapped:
+                    state.untrusted = (
+                        "a call made of sends and receives (a monitored barrier) ran on the group while another"
+                        " thread of the rank called on it, so how far each advanced the group's count is not known"
+                    )
             self._offset_changes.setdefault(group, []).append((after, state.offset))
+
+    def unnumber(self, key: Any, seq: int) -> None:
+        """A call numbered ``seq`` in ``next_seq(key)`` raised before it reached its group:
+        the next one takes its number, as it would on the ranks where it did not raise."""
+        if self._seq.get(key) == seq:
+            self._seq[key] = seq - 1
 
     def awaiting(
         self, work: Any, call_id: int, name: str, info: dict[str, Any], static: dict[str, Any] | None = None

@@ -307,6 +307,16 @@ class Timeline:
                     f"collective {numbers} on {label} (rank {rank}, before event #{e.index}) was issued through"
                     " an API the recorder cannot see; it is treated as ordering nothing"
                 )
+            for e in self._by_rank.get(rank, []):
+                if e.phase != events.START or not e.info.get("unsure"):
+                    continue
+                if (lo is not None and e.index <= lo) or (hi is not None and e.index >= hi):
+                    continue
+                label = collectives.group_label(str(e.info.get("group")), e.info.get("ranks"))
+                out.append(
+                    f"{op_of(e)} on {label} (rank {rank}, event #{e.index}) has no place in the group's sequence"
+                    f" anyone can be sure of ({e.info['unsure']}): it is paired with nothing, so it orders nothing"
+                )
         return out
 
     def _describe_passage(self, inst: Instance, x: Span, y: Span) -> str:
@@ -314,6 +324,17 @@ class Timeline:
         label = f"{inst.label()} on {collectives.group_label(inst.group, list(inst.members))}"
         start = inst.starts.get(x.rank)
         if start is None:
+            unsure = [
+                e
+                for e in self._by_rank.get(x.rank, [])
+                if e.phase == events.START and e.info.get("unsure") and e.info.get("group") == inst.group
+            ]
+            if unsure:
+                return (
+                    f"{label}, which rank {x.rank} may have entered as the {op_of(unsure[0])} of event"
+                    f" #{unsure[0].index}; but that call has no place in the group's sequence anyone can be sure of"
+                    f" ({unsure[0].info['unsure']}): it is paired with nothing"
+                )
             return f"{label}, which rank {x.rank} never entered"
         within = self._enclosing(start)
         if within is not None:

@@ -1,0 +1,203 @@
+"""Collectives are paired across ranks only where their place in the group's sequence is
+certain: whatever moves one rank's count of a group (a send or receive through any API, a
+call another thread is running, a group created again under an old name, a call that raised
+before it reached the group) never shifts the pairing, so no order is proven wrongly. Each
+case here once made two different collectives one, and proved an order that did not hold."""
+
+from __future__ import annotations
+
+import pytest
+
+PRELUDE = """
+import sys
+import threading
+import time
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from pytest_ddphooks import TimelineAssertionError
+
+def seqs(tl, rank, name):
+    return [e.info.get("seq") for e in tl.for_rank(rank) if e.name == name and e.phase == "start"]
+
+def refused(tl, a, b):
+    with pytest.raises(TimelineAssertionError, match=f"'{a}' does not happen before '{b}'") as failed:
+        tl.assert_happens_before(a, b)
+    return str(failed.value)
+"""
+
+
+def run(pytester: pytest.Pytester, body: str) -> pytest.RunResult:
+    pytester.makepyfile(test_pairing=PRELUDE + body)
+    return pytester.runpytest("-p", "no:cacheprovider")
+
+
+def test_receives_through_any_api_are_counted_as_the_ranks_own(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("how", ["anysource", "backend"])
+def test_receive(rank, recorder, how):
+    pg, t, x = dist.group.WORLD, torch.ones(3), torch.ones(1)
+    if rank == 0:
+        pg.send([t], 1, 0).wait()
+    elif how == "anysource":
+        pg.recv_anysource([t], 0).wait()
+    else:
+        pg._get_backend(torch.device("cpu")).recv([t], 0, 0).wait()
+    recorder.mark("before")
+    dist.all_reduce(x)
+    recorder.mark("a" if rank == 0 else "b")  # between the same two all-reduces: unordered
+    dist.all_reduce(x)
+    tl = recorder.timeline()
+    assert seqs(tl, 0, "dist.all_reduce") == seqs(tl, 1, "dist.all_reduce") == [1, 2]
+    refused(tl, "a@0", "b@1")
+    refused(tl, "b@1", "a@0")
+    tl.assert_happens_before("before@0", "b@1")  # the first all-reduce orders it
+    api = "ProcessGroup.recv_anysource" if how == "anysource" else "Backend.recv"
+    assert [e.info.get("api") for e in tl.for_rank(1) if e.name == "dist.recv" and e.phase == "start"] == [api]
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
+def test_a_collective_issued_while_another_thread_is_inside_a_receive_pairs_with_nothing(pytester) -> None:
+    result = run(
+        pytester,
+        """
+def inside(thread, function):
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None and frame.f_code.co_name != function:
+        frame = frame.f_back
+    return frame is not None
+
+@pytest.mark.multirank(world_size=2)
+def test_thread(rank, recorder):
+    x, t = torch.ones(1), torch.zeros(2)
+    if rank == 0:
+        receiver = threading.Thread(target=dist.recv, args=(t,), kwargs={"src": 1})
+        receiver.start()
+        while not inside(receiver, "recv"):  # its receive has begun (it waits for rank 1's send)
+            time.sleep(0.005)
+        dist.all_reduce(x)  # counted before or after the receive: nobody can know
+        receiver.join()
+        recorder.mark("a")
+        dist.all_reduce(x)
+        recorder.mark("c")
+    else:
+        dist.all_reduce(x)
+        recorder.mark("b")
+        dist.send(t, 0)
+        dist.all_reduce(x)
+    tl = recorder.timeline()
+    assert seqs(tl, 0, "dist.all_reduce") == [None, 2] and seqs(tl, 1, "dist.all_reduce") == [1, 2]
+    text = refused(tl, "a@0", "b@1")
+    assert "it is paired with nothing" in text and "another thread of the rank was inside a call" in text
+    assert "= all_reduce #? (unpaired)" in tl.swimlanes()
+    tl.assert_happens_before("b@1", "c@0")  # the second all-reduce, paired by its certain number
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_a_group_created_again_under_its_old_name_starts_a_sequence_of_its_own(pytester) -> None:
+    result = run(
+        pytester,
+        """
+def again(group, rank, n):
+    name = group.group_name
+    dist.destroy_process_group(group)
+    dist.barrier()
+    if rank == 0:  # torch's own rendezvous would read the old group's keys
+        for r in range(n):
+            dist.distributed_c10d._get_default_store().delete_key(f"{name}//cpu//0/{r}")
+    dist.barrier()
+    second = dist.new_group(list(range(n)), use_local_synchronization=True)
+    assert second.group_name == name
+    return second
+
+@pytest.mark.multirank(world_size=3, timeout=60)
+def test_again(rank, recorder):
+    first = dist.new_group([0, 1, 2], use_local_synchronization=True)
+    t, x = torch.ones(2), torch.ones(1)
+    if rank == 0:
+        dist.send(t, 1, group=first)
+    elif rank == 1:
+        dist.recv(t, 0, group=first)
+    second = again(first, rank, 3)
+    dist.all_reduce(x, group=second)
+    recorder.mark("a" if rank == 0 else "b")
+    dist.all_reduce(x, group=second)
+    tl = recorder.timeline()
+    refused(tl, "a@0", "b@2")
+    groups = {e.info["group"] for e in tl.for_rank(rank) if e.name == "dist.all_reduce" and e.phase == "start"}
+    assert len(groups) == 1 and next(iter(groups)).endswith("+2")
+    assert seqs(tl, rank, "dist.all_reduce") == [1, 2]
+    assert tl.collective_mismatches() == []
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_a_monitored_barrier_that_raised_before_sending_gives_its_number_back(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+def test_monitored(rank, recorder):
+    if rank == 1:
+        with pytest.raises(TypeError):
+            dist.monitored_barrier(timeout=30)  # a number, not a timedelta: nothing was sent
+    dist.monitored_barrier()
+    recorder.mark("a" if rank == 0 else "b")
+    dist.monitored_barrier()
+    tl = recorder.timeline()
+    refused(tl, "a@0", "b@1")
+    assert [s for s in seqs(tl, 1, "dist.monitored_barrier")][-2:] == seqs(tl, 0, "dist.monitored_barrier") == [1, 2]
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_the_same_collective_through_two_apis_is_no_desync(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("pair", ["reduce_scatter", "all_gather", "all_reduce"])
+def test_two_apis(rank, recorder, pair):
+    if pair == "reduce_scatter":
+        data = torch.arange(4.0)
+        if rank == 0:
+            out = torch.empty(2)
+            dist.reduce_scatter_tensor(out, data)
+        else:
+            out = funcol.reduce_scatter_tensor(data, "sum", 0, dist.group.WORLD) + 0
+        assert out.tolist() == ([0.0, 2.0] if rank == 0 else [4.0, 6.0])
+    elif pair == "all_gather":
+        mine = torch.full((2,), float(rank))
+        if rank == 0:
+            parts = [torch.empty(2), torch.empty(2)]
+            dist.all_gather(parts, mine)
+            out = torch.cat(parts)
+        else:
+            out = torch.empty(4)
+            dist.all_gather_into_tensor(out, mine)
+        assert out.tolist() == [0.0, 0.0, 1.0, 1.0]
+    else:
+        t = torch.ones(3)
+        dist.all_reduce(t) if rank == 0 else dist.all_reduce_coalesced([t])
+        assert t.tolist() == [2.0] * 3
+    assert recorder.timeline().collective_mismatches() == []
+
+@pytest.mark.multirank(world_size=2)
+def test_a_real_desync_still_is_one(rank):
+    t = torch.ones(3) if rank == 0 else torch.ones(3, dtype=torch.float64)
+    dist.all_reduce(t)
+""",
+    )
+    result.assert_outcomes(passed=3, failed=1)
+    desync = "desync: collective #1 on the default group: rank 0 all_reduce(float32[3]), rank 1 all_reduce(float64[3])"
+    assert desync in result.stdout.str()

@@ -1,0 +1,207 @@
+"""What live objects own is theirs: a fixture's pool, client or server keeps what it starts
+while its scope lasts, a pool or data loader a test kept is reported but never broken, a
+fixture's next parameter is the fixture's, a sub-group left behind goes alone, and of several
+session fixtures the one that set a variable is the one named."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_what_a_wider_fixtures_object_starts_at_its_first_use_is_the_fixtures(pytester) -> None:
+    pytester.makepyfile(
+        test_owned="""
+        import concurrent.futures as cf
+        import http.server
+        import socket
+        import threading
+        import urllib.request
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def pool():
+            with cf.ProcessPoolExecutor(2) as ex:
+                yield ex
+
+        @pytest.fixture(scope="module")
+        def threads():
+            with cf.ThreadPoolExecutor(2) as ex:
+                yield ex
+
+        @pytest.fixture(scope="module", params=["a", "b"])
+        def listener(request):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            yield s
+            s.close()
+
+        @pytest.fixture(scope="session")
+        def server():
+            class Handler(http.server.BaseHTTPRequestHandler):
+                protocol_version = "HTTP/1.1"  # keeps the connection, in a thread of its own
+                def do_GET(self):
+                    self.send_response(200)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                def log_message(self, *args):
+                    pass
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            srv.daemon_threads = True
+            t = threading.Thread(target=srv.serve_forever, daemon=True)
+            t.start()
+            yield srv
+            if hasattr(srv, "kept"):
+                srv.kept.close()
+            srv.shutdown()
+            srv.server_close()
+            t.join()
+
+        def test_pool_once(pool):
+            assert pool.submit(pow, 2, 3).result() == 8
+
+        def test_pool_twice(pool):
+            assert pool.submit(pow, 2, 4).result() == 16
+
+        def test_threads(threads):
+            assert threads.submit(pow, 2, 5).result() == 32
+
+        def test_listener(listener):
+            socket.create_connection(listener.getsockname()).close()
+
+        def test_server_later(request):
+            srv = request.getfixturevalue("server")
+            connection = socket.create_connection(srv.server_address)
+            connection.sendall(b"GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+            reply = b""
+            while not reply.endswith(b"ok"):
+                reply += connection.recv(1000)
+            srv.kept = connection  # kept alive by the session's server, as a client pool keeps one
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=6)
+    result.stdout.no_fnmatch_line("*leaked*")
+
+
+def test_a_pool_or_loader_a_test_keeps_is_reported_and_never_broken(pytester) -> None:
+    pytester.makepyfile(
+        test_kept="""
+        import multiprocessing as mp
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        KEPT = []
+
+        def square(x):
+            return x * x
+
+        def test_keeps_a_pool():
+            pool = mp.get_context("fork").Pool(2)
+            KEPT.append(pool)
+            assert pool.map(square, range(4)) == [0, 1, 4, 9]
+
+        def test_keeps_a_loader():
+            loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2, persistent_workers=True)
+            assert sum(1 for _ in loader) == 2
+            KEPT.append(loader)
+
+        def test_both_still_work():
+            assert KEPT[0].map(square, range(3)) == [0, 1, 4]
+            assert sum(1 for _ in KEPT[1]) == 2
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", timeout=120)
+    result.assert_outcomes(passed=3, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_keeps_a_pool leaked what could not be cleaned up safely (left as it is):",
+            "*process * is still running: *: a Pool object still holds it: left running,"
+            " as killing it would break that object",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["*process * is still running: *: a _MultiProcessingDataLoaderIter object still holds it: left running*"]
+    )
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+
+
+def test_a_sub_group_left_behind_goes_alone(pytester) -> None:
+    pytester.makepyfile(
+        test_subgroup="""
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.fixture(scope="session")
+        def group(tmp_path_factory):
+            store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
+            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+            yield
+            dist.destroy_process_group()
+
+        def test_leaves_a_sub_group(group):
+            dist.all_reduce(torch.ones(2), group=dist.new_group([0]))
+
+        def test_the_sessions_group_still_works(group):
+            t = torch.ones(2)
+            dist.all_reduce(t)
+            assert t.tolist() == [1.0, 1.0]
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*test_leaves_a_sub_group leaked (cleaned up before the next test):"])
+
+
+def test_the_session_fixture_that_set_a_variable_is_the_one_named(pytester) -> None:
+    pytester.makeconftest(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture(scope="session", autouse=True)
+        def dist_env():
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+
+        @pytest.fixture(scope="session")
+        def data_dir(tmp_path_factory):
+            return tmp_path_factory.mktemp("data")
+        """
+    )
+    pytester.makepyfile(test_env="def test_a(data_dir): pass\ndef test_b(): pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.stdout.fnmatch_lines(
+        [
+            "fixture 'dist_env' (session scope), set up for test_env.py::test_a, left behind when its scope"
+            " ended (cleaned up):",
+            "  environment variable MASTER_ADDR='127.0.0.1' was set",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*'data_dir'*")
+
+
+@pytest.mark.parametrize("leave", [True, False])
+def test_a_pool_a_test_leaves_is_still_reported_when_it_owns_it(pytester, leave: bool) -> None:
+    # the fire case beside the silent ones above: a pool of the test's own, never shut down
+    pytester.makepyfile(
+        test_own=f"""
+        import concurrent.futures as cf
+
+        KEPT = []
+
+        def test_own_pool():
+            ex = cf.ThreadPoolExecutor(1)
+            assert ex.submit(pow, 2, 2).result() == 4
+            KEPT.append(ex)
+            if not {leave}:
+                ex.shutdown()
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    if leave:
+        result.assert_outcomes(passed=1, errors=1)
+        result.stdout.fnmatch_lines(["*test_own_pool leaked*", "*ThreadPoolExecutor-*is still running*"])
+    else:
+        result.assert_outcomes(passed=1)

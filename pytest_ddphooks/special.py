@@ -105,13 +105,15 @@ def run_isolated(
     startup_limit: float = STARTUP_LIMIT,
     exit_grace: float = EXIT_GRACE,
     terminal: bool = False,
+    basetemp: str | None = None,
 ) -> IsolatedRun:
     """Run ``command`` (a pytest child) with its files in ``folder``; ``limit`` is the
     test's own time limit, counted from the child's "start" message. ``terminal``: the
-    child also gets this process's stdout and stderr, for the test to print to live."""
+    child also gets this process's stdout and stderr, for the test to print to live.
+    ``basetemp``: the child's temporary folder (by default, one in ``folder``)."""
     messages = os.path.join(folder, "messages.jsonl")
     stacks = os.path.join(folder, "stacks.txt")
-    basetemp = os.path.join(folder, "basetemp")
+    basetemp = basetemp or os.path.join(folder, "basetemp")
     env = {**env, MESSAGES_ENV: messages, STACKS_ENV: stacks, PARENT_ENV: str(os.getpid()), BASETEMP_ENV: basetemp}
     out_path, err_path = os.path.join(folder, "stdout.txt"), os.path.join(folder, "stderr.txt")
     began = time.monotonic()

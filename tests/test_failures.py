@@ -508,3 +508,34 @@ def test_pytest_exit_in_a_rank_ends_the_session_with_its_code(inner) -> None:
     ran.result.assert_outcomes(passed=1)
     ran.lines("*! _pytest.outcomes.Exit: stop everything !*")
     assert "test_never_runs" not in ran.text
+
+
+def test_what_matches_a_failure_sees_the_exception_the_ranks_raised(inner) -> None:
+    # pytest-rerunfailures' --only-rerun / --rerun-except and a flaky marker's filters match
+    # the exception: a multirank failure carries the failing rank's own as its cause
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_assert(rank):
+            assert rank == 7
+
+        @pytest.mark.flaky(reruns=2, only_rerun=ConnectionError)
+        @pytest.mark.multirank(world_size=2)
+        def test_connection(rank):
+            raise ConnectionError("flaky network")
+
+        @pytest.mark.flaky(reruns=2, only_rerun=ConnectionError)
+        @pytest.mark.multirank(world_size=2)
+        def test_value(rank):
+            raise ValueError("not flaky")
+        """,
+        "--only-rerun",
+        "AssertionError",
+        "--reruns",
+        "1",
+    )
+    ran.result.assert_outcomes(failed=3)
+    # one rerun of the assertion, two of the connection error, none of the value error
+    ran.lines("*3 failed, 3 rerun*")

@@ -284,3 +284,38 @@ def test_a_special_test_that_skips_is_reported_like_any_skip(pytester, tmp_path)
     assert result.ret == 0
     skipped = [c.get("name") for c in ET.parse(xml).getroot().iter("testcase") if c.find("skipped") is not None]
     assert sorted(skipped) == ["test_special_skip", "test_special_skipif"]
+
+
+def test_a_failed_special_test_is_rerun_each_time_in_an_interpreter_of_its_own(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_rerun="""
+        import os
+        import pytest
+
+        @pytest.mark.special
+        def test_passes_the_second_time(tmp_path):
+            log = os.path.join(os.getcwd(), "attempts")
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {tmp_path}\\n")
+            import torch.distributed as dist  # global state a second attempt in the same interpreter would find
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            assert len(open(log).read().splitlines()) == 2
+
+        @pytest.mark.special
+        @pytest.mark.flaky(reruns=1, only_rerun="ConnectionError")
+        def test_not_rerun_for_another_error():
+            assert False
+        """
+    )
+    base = pytester.path / "base"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--reruns", "1", "--strict-markers", f"--basetemp={base}", "-rA",
+        timeout=300,
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*1 failed, 1 passed, 1 rerun*"])
+    result.stdout.fnmatch_lines(["test_rerun.py R.F*"])
+    attempts = [line.split() for line in (pytester.path / "attempts").read_text().splitlines()]
+    assert len(attempts) == 2 and attempts[0][0] != attempts[1][0]
+    # its tmp_path is under the session's --basetemp, and kept
+    assert all(path.startswith(str(base)) and os.path.isdir(path) for _, path in attempts)

@@ -46,6 +46,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in (MULTIRANK_HELP, SPECIAL_HELP, ALLOW_HELP):
         config.addinivalue_line("markers", line)
+    if special.reports_to_parent() and not config.pluginmanager.hasplugin("rerunfailures"):
+        # the parent session reruns the test (the child runs without pytest-rerunfailures):
+        # its marker stays known under --strict-markers
+        config.addinivalue_line("markers", "flaky: rerun by the session that started this interpreter")
     if not _hands_tests_to_workers(config):
         # imported by the outer session of a process: pytester's in-process runs drop the
         # modules an inner session imported, and a second import of torch in one process

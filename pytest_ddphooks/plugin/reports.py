@@ -69,9 +69,12 @@ def fail_with(text: str, message: str | None = None) -> MultirankFailed:
 def raise_verdict(verdict: Verdict, debugging: bool = False) -> None:
     """End the test's call phase as the merged verdict of its ranks says."""
     if verdict.outcome == "failed" and verdict.failure is not None:
-        raise (DebuggedMultirankFailed if debugging else MultirankFailed)(
-            render(verdict.failure), _rank_errors(verdict.failure)
-        )
+        errors = _rank_errors(verdict.failure)
+        failed = (DebuggedMultirankFailed if debugging else MultirankFailed)(render(verdict.failure), errors)
+        # what a hook matching the exception (pytest-rerunfailures' --only-rerun, a conftest's
+        # errisinstance on the chain) sees: the first failing rank's own exception, as its cause
+        failed.__cause__ = _first_rank_error(verdict.failure, errors)
+        raise failed
     if verdict.outcome == "xfailed":
         pytest.xfail(verdict.message)
     if verdict.outcome == "skipped":
@@ -97,6 +100,22 @@ def _rank_errors(failure: RunFailure) -> list[type[BaseException]]:
             return []
         out.append(cls)
     return out
+
+
+def _first_rank_error(failure: RunFailure, errors: list[type[BaseException]]) -> BaseException | None:
+    """An instance of the first failing rank's exception class, with its message; None when
+    it cannot be made (a class whose constructor wants more than a message)."""
+    root = next((rf for rf in failure.failures if rf.how == "failed" and rf.result is not None), None)
+    if not errors or root is None or root.result is None:
+        return None
+    cls = errors[0]
+    message = root.result.message
+    prefix = f"{cls.__name__}: "
+    text = message[len(prefix) :] if message.startswith(prefix) else message
+    try:
+        return cls(text)
+    except Exception:
+        return None
 
 
 def _expected_failure(item: pytest.Item, exc: MultirankFailed) -> str | None:

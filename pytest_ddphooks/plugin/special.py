@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -84,6 +85,64 @@ def special_basetemp() -> str | None:
     return tempfile.mkdtemp(prefix="basetemp-")
 
 
+def _reruns_of(item: pytest.Item) -> int:
+    """How many times pytest-rerunfailures reruns the test when it fails (0 without it)."""
+    plugin = item.config.pluginmanager.getplugin("rerunfailures")
+    try:
+        if plugin is None or plugin._is_rerun_path_excluded(item):
+            return 0
+        return int(plugin.get_reruns_count(item) or 0)
+    except Exception:
+        return 0
+
+
+def _rerunnable(item: pytest.Item, report: TestReport) -> bool:
+    """Whether pytest-rerunfailures' ``only_rerun`` / ``rerun_except`` let this failure be
+    rerun: matched against what the failure says (the interpreter's exception is gone)."""
+    plugin = item.config.pluginmanager.getplugin("rerunfailures")
+    crash = getattr(report.longrepr, "reprcrash", None)
+    said = str(getattr(crash, "message", "") or report.longreprtext)
+
+    def matches(patterns: Any) -> bool:
+        for pattern in patterns or ():
+            if isinstance(pattern, type):
+                if said.startswith(f"{pattern.__name__}:") or said.startswith(f"{pattern.__qualname__}:"):
+                    return True
+            elif re.search(str(pattern), said):
+                return True
+        return False
+
+    try:
+        only = plugin._get_rerun_filter_regex(item, "only_rerun")
+        never = plugin._get_rerun_filter_regex(item, "rerun_except")
+    except Exception:
+        return True
+    return (not only or matches(only)) and not (never and matches(never))
+
+
+def _without_options_of(config: pytest.Config, known: str, args: list[str]) -> list[str]:
+    """``args`` less every option of the plugin that added ``known`` (and their values)."""
+    takes_value: dict[str, bool] = {}
+    for group in getattr(config._parser, "_groups", []):
+        options = getattr(group, "options", [])
+        if any(known in opt.names() for opt in options):
+            for opt in options:
+                flag = opt.attrs().get("action") in ("store_true", "store_false", "count")
+                takes_value.update({name: not flag for name in opt.names()})
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = str(arg).split("=", 1)[0]
+        if name in takes_value:
+            skip = takes_value[name] and "=" not in str(arg)
+            continue
+        out.append(arg)
+    return out
+
+
 def child_command(config: pytest.Config, item: pytest.Item, folder: str) -> list[str]:
     positional = {str(a) for a in (config.option.file_or_dir or [])}
     args = [a for a in config.invocation_params.args if str(a) not in positional]
@@ -99,6 +158,9 @@ def child_command(config: pytest.Config, item: pytest.Item, folder: str) -> list
     args.append("--ddp-spmd=off")
     if config.pluginmanager.hasplugin("xdist"):
         args += ["-n", "0"]
+    if config.pluginmanager.hasplugin("rerunfailures"):
+        # this session reruns a failed special test, each attempt in an interpreter of its own
+        args = [*_without_options_of(config, "--reruns", args), "-p", "no:rerunfailures"]
     if config.pluginmanager.hasplugin("_cov"):
         # measured by the session's own configuration, combined into the session's data
         args.append("--no-cov")
@@ -136,15 +198,40 @@ class SpecialHooks:
         if not is_special(item) or runs_here(item):
             return None
         ihook = item.ihook
-        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        for report in self._run(item):
-            ihook.pytest_runtest_logreport(report=report)
+        reruns = _reruns_of(item)
+        attempt = 0
+        while True:
+            ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+            reports = self._run(item)
+            # pytest-rerunfailures' reruns, each attempt in an interpreter of its own
+            again = attempt < reruns and any(r.failed and _rerunnable(item, r) for r in reports)
+            for report in reports:
+                if reruns:
+                    report.rerun = attempt  # type: ignore[attr-defined]
+                if again and report.failed:
+                    report.outcome = "rerun"  # type: ignore[assignment]
+                ihook.pytest_runtest_logreport(report=report)
+            if not again:
+                break
+            attempt += 1
         # the parent's fixture stack must still end where the next test expects it
         call = CallInfo.from_call(lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown")
         if call.excinfo is not None:
             ihook.pytest_runtest_logreport(report=TestReport.from_item_and_call(item, call))
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
+
+    def _basetemp(self, item: pytest.Item) -> str | None:
+        """A folder under the session's own temporary folder (``--basetemp`` too) for the
+        interpreter's: its ``tmp_path`` is kept as a plain test's is."""
+        factory = getattr(self.config, "_tmp_path_factory", None)
+        if factory is None:
+            return None
+        try:
+            name = re.sub(r"\W", "_", item.name)[:30]
+            return tempfile.mkdtemp(prefix=f"special-{name}-", dir=str(factory.getbasetemp()))
+        except OSError:
+            return None
 
     def _run(self, item: pytest.Item) -> list[TestReport]:
         folder = tempfile.mkdtemp(prefix="special-", dir=self.ddp.folder())
@@ -156,7 +243,16 @@ class SpecialHooks:
         command = child_command(self.config, item, folder)
         cwd = str(self.config.invocation_params.dir)
         live = self.config.getoption("capture", "fd") == "no"
-        run = run_isolated(command, env, cwd, folder, limit, exit_grace=min(EXIT_GRACE, limit), terminal=live)
+        run = run_isolated(
+            command,
+            env,
+            cwd,
+            folder,
+            limit,
+            exit_grace=min(EXIT_GRACE, limit),
+            terminal=live,
+            basetemp=self._basetemp(item),
+        )
         reports = []
         for message in run.messages:
             if message.get("event") == "report":

@@ -87,6 +87,32 @@ def test_an_unwritable_trace_dir_keeps_the_tests_own_failure(pytester, tmp_path)
     result.stdout.fnmatch_lines([f"*PytestWarning: --ddp-trace-dir: cannot write {blocked}/*"])
 
 
+def test_unwritable_trace_dir_and_page_change_no_outcome_even_when_warnings_are_errors(pytester, tmp_path) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the folder should be")
+    pytester.makeini("[pytest]\nfilterwarnings = error\n")
+    pytester.makepyfile(
+        test_trace="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fails(rank):
+            assert rank == 5
+
+        @pytest.mark.multirank(world_size=2)
+        def test_passes(rank):
+            pass
+        """
+    )
+    args = (f"--ddp-trace-dir={blocked}", f"--ddp-report={blocked}/report.html")
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["FAILED test_trace.py::test_fails - ranks 0,1 failed; rank 0: assert 0 == 5"])
+    result.stdout.fnmatch_lines([f"ddphooks: PytestWarning: --ddp-trace-dir: cannot write {blocked}/*"])
+    result.stdout.fnmatch_lines([f"ddphooks: PytestWarning: --ddp-report: cannot write {blocked}/report.html: *"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
 def test_the_folder_of_a_killed_session_is_removed_by_the_next(pytester, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     dead = tmp_path / "ddphooks-999999999-leftover"  # no process has this number

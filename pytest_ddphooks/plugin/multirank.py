@@ -37,7 +37,8 @@ from . import rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
 from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, is_special
-from .reports import MultirankFailed, fail_with, keep_artifacts, raise_verdict, relay_warnings, safe_name, warn_at
+from .notices import warn_at
+from .reports import MultirankFailed, fail_with, keep_artifacts, raise_verdict, relay_warnings, safe_name
 from .session import DdpSession
 from .special import runs_here
 

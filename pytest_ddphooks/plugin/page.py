@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ..htmlreport import multirank_view, static_svg, write_report
+from .notices import warn_never_raising
 from .session import DdpSession
 
 VIEW_ATTR = "ddphooks_view"
@@ -56,7 +57,7 @@ class PageHooks:
             write_report(self.path, views, title)
         except OSError as exc:
             message = f"--ddp-report: cannot write {self.path}: {type(exc).__name__}: {exc}"
-            session.config.issue_config_time_warning(pytest.PytestWarning(message), stacklevel=2)
+            warn_never_raising(session.config, pytest.PytestWarning(message))
 
 
 def _outcome(report: pytest.TestReport) -> str:

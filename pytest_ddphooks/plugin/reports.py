@@ -8,7 +8,6 @@ import bdb
 import os
 import pickle
 import re
-import warnings
 from collections.abc import Generator
 
 import pytest
@@ -21,6 +20,7 @@ from ..failure import FAILURE, Rendered, RunFailure, Verdict, render
 from ..htmlreport import multirank_view
 from ..report import RunReport
 from . import page
+from .notices import warn_never_raising
 from .settings import Settings
 
 
@@ -164,12 +164,6 @@ def relay_warnings(item: pytest.Item, wires: list[warning_relay.WireWarning]) ->
         item.ihook.pytest_warning_recorded.call_historic(kwargs=kwargs)
 
 
-def warn_at(item: pytest.Item, warning: Warning) -> None:
-    """A warning about the test, shown at the test's own line."""
-    path, lineno, _ = item.reportinfo()
-    warnings.warn_explicit(warning, type(warning), str(path), (lineno or 0) + 1)
-
-
 def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, settings: Settings) -> None:
     """What a run leaves besides its outcome: its view for the HTML page (``--ddp-report``,
     pytest-html) and, for a failure, its timeline as a Chrome trace (``--ddp-trace-dir``)."""
@@ -188,7 +182,7 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
             path = report.timeline.to_chrome_trace(target)
         except OSError as exc:  # the test's own failure is what the report is about
             message = f"--ddp-trace-dir: cannot write {target}: {type(exc).__name__}: {exc}"
-            warn_at(item, pytest.PytestWarning(message))
+            warn_never_raising(item.config, pytest.PytestWarning(message), item)
         else:
             verdict.failure.trace = path
 

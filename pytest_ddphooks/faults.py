@@ -16,6 +16,7 @@ import math
 import os
 import signal as signals
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,9 @@ from .errors import InjectedFault
 from .recorder import collectives, events
 
 KILL, STOP, DELAY, RAISE = "kill", "stop", "delay", "raise"
+
+
+Ranks = int | Sequence[int]  # a rank, or several
 
 
 class FaultError(ValueError):
@@ -212,15 +216,15 @@ class Faults:
             )
         return fault
 
-    def kill(self, rank: Any, at: str, signal: Any = "SIGKILL", *, attempt: int = 0) -> Fault:
+    def kill(self, rank: Ranks, at: str, signal: str | int = "SIGKILL", *, attempt: int = 0) -> Fault:
         """The rank's process gets ``signal`` (SIGKILL) at that point."""
         return self._arm(Fault(KILL, _ranks(rank, self.world_size), parse_point(at), attempt, signal=_signal(signal)))
 
-    def stop(self, rank: Any, at: str, *, attempt: int = 0) -> Fault:
+    def stop(self, rank: Ranks, at: str, *, attempt: int = 0) -> Fault:
         """SIGSTOP at that point: the rank is frozen, alive and its sockets open; killed at the end."""
         return self._arm(Fault(STOP, _ranks(rank, self.world_size), parse_point(at), attempt))
 
-    def delay(self, rank: Any, at: str, seconds: float, *, attempt: int = 0) -> Fault:
+    def delay(self, rank: Ranks, at: str, seconds: float, *, attempt: int = 0) -> Fault:
         """The rank sleeps ``seconds`` there."""
         if (
             isinstance(seconds, bool)
@@ -231,7 +235,9 @@ class Faults:
             raise FaultError(f"seconds={seconds!r}: a delay is a number of seconds >= 0")
         return self._arm(Fault(DELAY, _ranks(rank, self.world_size), parse_point(at), attempt, seconds=float(seconds)))
 
-    def raise_(self, rank: Any, at: str, exc: Any = None, *, attempt: int = 0) -> Fault:
+    def raise_(
+        self, rank: Ranks, at: str, exc: BaseException | type[BaseException] | None = None, *, attempt: int = 0
+    ) -> Fault:
         """Raise ``exc`` (``pytest_ddphooks.InjectedFault`` by default) there."""
         if (
             exc is not None

@@ -34,6 +34,9 @@ from .launch.rendezvous import DIST_ENV
 
 ENV_NAMES = (*DIST_ENV, "NODE_RANK", "GROUP_RANK")
 ENV_PREFIXES = ("TORCHELASTIC_",)
+# what torch's own launcher sets in the calling process (elastic_launch: which signals its
+# agent forwards): a setting of the launcher, no rank's or group's identity
+ENV_NOT_DISTRIBUTED = frozenset({"TORCHELASTIC_SIGNALS_TO_HANDLE"})
 KINDS = ("group", "process", "thread", "socket", "env")
 
 # how long a leaked thread gets to end, and a leaked socket to be closed by its owner
@@ -159,7 +162,11 @@ def _threads() -> dict[int, threading.Thread]:
 
 def env_now() -> dict[str, str]:
     """The distributed environment variables, as they are now."""
-    return {k: v for k, v in os.environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and k not in ENV_NOT_DISTRIBUTED
+    }
 
 
 def thread_label(t: threading.Thread) -> str:

@@ -136,3 +136,29 @@ def test_every_flag_has_an_ini_twin(pytester) -> None:
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: ini ddp_verbose_ranks: invalid truth value 'maybe'; use true or false"])
+
+
+def test_a_hypothesis_test_marked_multirank_is_a_clear_error(pytester) -> None:
+    pytester.makepyfile(
+        test_given="""
+        import pytest
+
+        def given_like(fn):
+            fn.is_hypothesis_test = True  # what hypothesis' @given sets on the test it wraps
+            return fn
+
+        @pytest.mark.multirank(world_size=2)
+        @given_like
+        def test_drawn(rank):
+            pass
+
+        @pytest.mark.multirank(world_size=2)
+        def test_plain(rank):
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_drawn: @pytest.mark.multirank cannot run a hypothesis @given test: every rank would draw*"]
+    )

@@ -205,3 +205,22 @@ def test_a_pool_a_test_leaves_is_still_reported_when_it_owns_it(pytester, leave:
         result.stdout.fnmatch_lines(["*test_own_pool leaked*", "*ThreadPoolExecutor-*is still running*"])
     else:
         result.assert_outcomes(passed=1)
+
+
+def test_the_signals_torchs_launcher_forwards_are_its_setting_not_a_ranks_identity(pytester, monkeypatch) -> None:
+    monkeypatch.delenv("TORCHELASTIC_SIGNALS_TO_HANDLE", raising=False)  # gone again after the inner run
+    pytester.makepyfile(
+        test_env="""
+        import os
+
+        def test_elastic_launch_sets_its_signals():
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT"  # as elastic_launch() does
+
+        def test_an_identity_left_behind():
+            os.environ["TORCHELASTIC_RUN_ID"] = "left"
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*test_an_identity_left_behind leaked*", "*TORCHELASTIC_RUN_ID='left' was set"])
+    result.stdout.no_fnmatch_line("*TORCHELASTIC_SIGNALS_TO_HANDLE*")

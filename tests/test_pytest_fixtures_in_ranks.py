@@ -248,3 +248,42 @@ def test_properties_the_ranks_record_reach_the_junit_report(inner, pytester) -> 
     ]
     suite = [(p.get("name"), p.get("value")) for p in root.find(".//testsuite/properties")]
     assert suite == [("torch", "2.13")]
+
+
+def test_ranks_are_seeded_as_pytest_randomly_seeds_the_session(pytester) -> None:
+    # pytest-randomly's hooks, as its plugin registers them (by the name "randomly")
+    pytester.makeconftest(
+        """
+        import random
+        import zlib
+
+        class Randomly:
+            def pytest_runtest_setup(self, item):
+                random.seed(zlib.crc32(item.nodeid.encode()) - 1)
+
+            def pytest_runtest_call(self, item):
+                random.seed(zlib.crc32(item.nodeid.encode()))
+
+        def pytest_configure(config):
+            config.pluginmanager.register(Randomly(), "randomly")
+        """
+    )
+    pytester.makepyfile(
+        test_seeded="""
+        import random
+        import zlib
+        import pytest
+
+        def expected(nodeid):
+            return random.Random(zlib.crc32(nodeid.encode())).random()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_drawn(rank, request):
+            assert random.random() == expected(request.node.nodeid)
+
+        def test_plain(request):
+            assert random.random() == expected(request.node.nodeid)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)

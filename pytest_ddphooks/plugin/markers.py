@@ -92,6 +92,13 @@ class MarkerHooks:
                     " write it as a plain test function (or a method of a plain class)"
                 )
                 continue
+            if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+                item.stash[BAD_MARKER_KEY] = (
+                    f"{item.nodeid}: @pytest.mark.multirank cannot run a hypothesis @given test: every rank"
+                    " would draw examples of its own, and their collectives would mix different data;"
+                    " give the examples with @pytest.mark.parametrize, or draw them on one rank and broadcast them"
+                )
+                continue
             try:
                 spec = read_spec(item.nodeid, item, marker)
             except SpecError as exc:

@@ -204,12 +204,14 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
                     ) from exc
             if payload.instance_state is not None:
                 restore_test_state(item, payload.instance_state)
+            _reseed_as_the_session(item, "setup")
             fixtures = RankFixtures(item, values, builtins)
             item.funcargs = fixtures.arguments(payload.dependent)
             ctx.note("setup", "ok")
             phase = "call"
             mark("call")
             _lend_breakpoints(ctx)
+            _reseed_as_the_session(item, "call")
             item.ihook.pytest_pyfunc_call(pyfuncitem=item)
             if fixtures.finalizers:  # dying in their teardown is then reported as teardown
                 ctx.note("call", "passed")
@@ -235,6 +237,17 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
     result.output_marks = marks
     result.ended_ns = time.time_ns()
     return result
+
+
+def _reseed_as_the_session(item: pytest.Function, phase: str) -> None:
+    """pytest-randomly seeds the generators of the pytest process for each phase of a test
+    from the session's seed and the test's id: the rank's get the same seeds (a rank is
+    forked from a process started before the test), so ``--randomly-seed`` replays it."""
+    plugin = item.config.pluginmanager.get_plugin("randomly")
+    reseed = getattr(plugin, f"pytest_runtest_{phase}", None)
+    if reseed is not None:
+        with contextlib.suppress(Exception):  # the test's own code decides its outcome
+            reseed(item)
 
 
 def _lend_breakpoints(ctx: RankContext) -> None:

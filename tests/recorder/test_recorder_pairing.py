@@ -201,3 +201,28 @@ def test_a_real_desync_still_is_one(rank):
     result.assert_outcomes(passed=3, failed=1)
     desync = "desync: collective #1 on the default group: rank 0 all_reduce(float32[3]), rank 1 all_reduce(float64[3])"
     assert desync in result.stdout.str()
+
+
+def test_an_isend_never_waited_is_named_as_an_irecv_is(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("wait", [False, True])
+def test_isend(rank, recorder, wait):
+    t = torch.ones(2)
+    if rank == 0:
+        recorder.mark("before")
+        work = dist.isend(t, 1)
+        if wait:
+            work.wait()
+    else:
+        dist.recv(t, 0)
+        recorder.mark("after")
+    dist.barrier()
+    tl = recorder.timeline()
+    assert tl.never_waited() == ([] if wait else ["async send/recv 0->1 on rank 0 was never waited"])
+    tl.assert_happens_before("before@0", "after@1")  # the send's start, received
+""",
+    )
+    result.assert_outcomes(passed=2)

@@ -32,13 +32,16 @@ class Singleton:
     kind: str  # "thread", "process", ...
     what: str  # the words the README uses
     pattern: str = ""  # a glob on the leak's key (thread name, command line)
-    owned: Callable[[Any], bool] | None = None  # given the live object (a thread), True when it is this
+    # given the live object (a thread; a process's pid), True when it is this
+    owned: Callable[[Any], bool] | None = None
 
     def matches(self, leak: Leak, obj: Any = None) -> bool:
         if leak.kind != self.kind:
             return False
         if self.pattern and fnmatch.fnmatchcase(leak.key, self.pattern):
             return True
+        if obj is None and leak.kind == "process":
+            obj = leak.ref or None
         return self.owned is not None and obj is not None and self.owned(obj)
 
 
@@ -105,6 +108,25 @@ def _rerunfailures_server(t: threading.Thread) -> bool:
     ).startswith("ServerStatusDB.")
 
 
+def _loky_executor() -> Any:
+    """joblib's (loky's) reusable executor, one per process, kept between ``Parallel`` calls."""
+    for name in ("joblib.externals.loky.reusable_executor", "loky.reusable_executor"):
+        executor = getattr(_module(name), "_executor", None)
+        if executor is not None:
+            return executor
+    return None
+
+
+def _loky_worker(pid: Any) -> bool:
+    executor = _loky_executor()
+    return executor is not None and pid in (getattr(executor, "_processes", None) or {})
+
+
+def _loky_manager(t: threading.Thread) -> bool:
+    executor = _loky_executor()
+    return executor is not None and _executor_of(t) is executor
+
+
 KNOWN: tuple[Singleton, ...] = (
     Singleton("thread", "this plugin's own helper threads", pattern="ddphooks*"),
     Singleton("thread", "pytest-timeout's timer thread (--timeout-method=thread)", pattern="pytest_timeout *"),
@@ -128,6 +150,9 @@ KNOWN: tuple[Singleton, ...] = (
     Singleton("process", "multiprocessing's resource tracker", pattern="*multiprocessing.resource_tracker*"),
     Singleton("process", "multiprocessing's fork server and what it forks", pattern="*multiprocessing.forkserver*"),
     Singleton("process", "torch inductor's compile worker processes", pattern="*torch._inductor.compile_worker*"),
+    Singleton("process", "joblib's (loky's) resource tracker", pattern="*loky.backend.resource_tracker*"),
+    Singleton("process", "the workers of joblib's (loky's) reusable executor", owned=_loky_worker),
+    Singleton("thread", "the manager thread of joblib's (loky's) reusable executor", owned=_loky_manager),
 )
 
 

@@ -224,3 +224,30 @@ def test_the_signals_torchs_launcher_forwards_are_its_setting_not_a_ranks_identi
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*test_an_identity_left_behind leaked*", "*TORCHELASTIC_RUN_ID='left' was set"])
     result.stdout.no_fnmatch_line("*TORCHELASTIC_SIGNALS_TO_HANDLE*")
+
+
+def test_joblibs_reusable_pool_is_a_process_wide_singleton_left_to_the_library(pytester) -> None:
+    pytester.makepyfile(
+        test_loky="""
+        import atexit
+        import subprocess
+        import sys
+        import types
+
+        def test_parallel_keeps_its_workers():
+            # what joblib's loky keeps between Parallel calls: one executor per process, its workers
+            worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            atexit.register(worker.kill)  # as the library ends them, when the interpreter ends
+            executor = types.SimpleNamespace(_processes={worker.pid: worker})
+            module = types.ModuleType("joblib.externals.loky.reusable_executor")
+            module._executor = executor
+            sys.modules[module.__name__] = module
+
+        def test_after():
+            module = sys.modules["joblib.externals.loky.reusable_executor"]
+            assert all(p.poll() is None for p in module._executor._processes.values()), "killed"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    result.stdout.no_fnmatch_line("*leaked*")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from .. import coverage_relay, ownership, spmd
+from .. import coverage_relay, ownership, singletons, spmd
 from ..errors import LeakWarning
 from ..launch import procs
 from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot, env_now
@@ -244,7 +244,11 @@ class LeakHooks:
             # an allowed group is allowed with its connections and its store's listening socket
             own = [lk for lk in own if lk.kind != "socket"]
         # allowed to outlive its test, a process still ends with the session
-        self.allowed_processes.extend(lk for lk in leaks if lk.kind == "process" and lk not in own)
+        # (a library's process-wide one, its resource tracker or its reusable pool, ends with
+        # the interpreter, as it does without the plugin: killing it makes the library complain)
+        self.allowed_processes.extend(
+            lk for lk in leaks if lk.kind == "process" and lk not in own and singletons.known(lk) is None
+        )
         if own:
             # a process what the test left running started meanwhile (a thread that started
             # it, then ended) is the test's leak as much as the thread was

@@ -187,6 +187,7 @@ def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: boo
         return _bare(op, api, world), None
     pg = world if group is None else group
     key, info = _group_info(rec, pg, world, op, api, async_op)
+    rec.opened(key)  # before the counter is read: from here another thread's call sees this one
     return Call(info, pg, _counter(pg)), key
 
 
@@ -267,6 +268,7 @@ def describe_collective(
                 cache.clear()
             cache[shape] = known
     _, key, static = known
+    rec.opened(key)  # before the counter is read: from here another thread's call sees this one
     call = Call(static, pg, _counter(pg))
     unsure = None
     if op == "monitored_barrier":
@@ -364,10 +366,12 @@ def run_recorded(
     wait. ``after(rec, call, result)`` adds what the return tells to the end event."""
     __tracebackhide__ = True
     info = call.info
-    call_id = rec.begin(kind, name, info, call.static, call.numbered)
-    group = info.get("group", "") if call.pg is not None else ""
-    if group:
-        rec.opened(group)
+    group = info.get("group", "") if call.pg is not None else ""  # opened as it was described
+    try:
+        call_id = rec.begin(kind, name, info, call.static, call.numbered)
+    except BaseException:  # a fault armed at this point raised: the call never ran
+        rec.counted(group, None, None, call.p2p)
+        raise
     # a send or a receive advances the group's counter by one; a monitored barrier by its parts
     ops = 1 if call.p2p and info.get("op") != "monitored_barrier" else None
     _tls.depth = 1
@@ -385,7 +389,7 @@ def run_recorded(
             failed["issued"] = False
             if info.get("op") == "monitored_barrier" and "seq" in info:
                 rec.unnumber(("monitored", group), int(info["seq"]))
-        rec.counted(group, call.counter, after, call.p2p, ops)
+        rec.counted(group, call.counter, after, call.p2p, ops, failed=True)
         rec.end(call_id, kind, name, failed)
         raise
     _tls.depth = 0
@@ -721,7 +725,10 @@ def _wrap_p2p_method(
         rec = active._current
         if rec is None or _tls.depth:
             return original(self, tensors, *args, **kwargs)
-        pg = group_of(self, tensors)
+        try:
+            pg = group_of(self, tensors)
+        except Exception:  # arguments the call itself refuses: its own error, not the recorder's
+            pg = None
         if pg is None:
             return original(self, tensors, *args, **kwargs)
         if anysource:  # (tensors, tag)

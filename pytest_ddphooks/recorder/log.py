@@ -270,7 +270,7 @@ class EventLog:
         state = self._counter_of(group)
         state.calls += 1
         unsure = state.untrusted
-        if unsure is None and state.open:
+        if unsure is None and state.open > 1:  # this call is open already (``opened``)
             unsure = "it was issued while another thread of the rank was inside a call on the group"
         if counter is None:
             return state.calls, 0, unsure
@@ -284,7 +284,8 @@ class EventLog:
         return counter - state.offset + 1, unseen, unsure
 
     def opened(self, group: str) -> None:
-        """A recorded call on ``group`` is about to run (``counted`` ends it)."""
+        """A recorded call on ``group`` is about to read the group's counter and run
+        (``counted`` ends it)."""
         state = self._counter_of(group)
         if state.open:
             state.overlapped = True
@@ -326,9 +327,12 @@ class EventLog:
         waiting in a later one waits for nothing."""
         self._write_file_only(events.COUNTERS, events.POINT, "counters", self.final_counters())
 
-    def counted(self, group: str, before: int | None, after: int | None, p2p: bool, ops: int | None = None) -> None:
-        """A call on ``group`` returned with the group's counter at ``after``. For a send or
-        receive, ``ops``: how many it issues (each advances the counter by one), when known."""
+    def counted(
+        self, group: str, before: int | None, after: int | None, p2p: bool, ops: int | None = None, failed: bool = False
+    ) -> None:
+        """A call on ``group`` returned (or raised: ``failed``) with the group's counter at
+        ``after``. For a send or receive, ``ops``: how many it issues (each advances the
+        counter by one), when known."""
         if not group:
             return
         state = self._counter_of(group)
@@ -341,16 +345,18 @@ class EventLog:
         state.expected = after
         state.in_flight = None
         if p2p:
-            if ops is not None:
+            if ops is not None and not failed:
                 # never what the counter moved by: another thread's calls move it too
-                state.offset += ops if after > before else 0
+                state.offset += ops
+            elif not overlapped:
+                state.offset += after - before  # nothing else moved it meanwhile
             else:
-                state.offset += after - before
-                if overlapped:
-                    state.untrusted = (
-                        "a call made of sends and receives (a monitored barrier) ran on the group while another"
-                        " thread of the rank called on it, so how far each advanced the group's count is not known"
-                    )
+                # a monitored barrier's parts, or a send that raised (did it reach the group?),
+                # beside another thread's call: how far this one moved the count is not known
+                state.untrusted = (
+                    "a send or receive (or a monitored barrier, made of them) ran on the group beside another"
+                    " thread's call, so how far each advanced the group's count is not known"
+                )
             self._offset_changes.setdefault(group, []).append((after, state.offset))
 
     def unnumber(self, key: Any, seq: int) -> None:

@@ -226,3 +226,91 @@ def test_isend(rank, recorder, wait):
 """,
     )
     result.assert_outcomes(passed=2)
+
+
+# How one rank's log numbers a group's collectives when its threads interleave calls on the
+# group (what the counter read before each call can and cannot tell), without ranks.
+
+
+def _log():
+    from pytest_ddphooks.recorder.log import EventLog
+
+    log = EventLog(rank=0, world_size=2)
+    log.group_created("default", None, 0)
+    return log
+
+
+def test_a_send_of_one_thread_never_shifts_the_numbers_of_the_next_collectives() -> None:
+    log = _log()
+    log.opened("default")
+    log.counted("default", 0, 1, p2p=True, ops=1)  # a send: the counter moved by one
+    log.opened("default")
+    assert log.collective_seq("default", 1) == (1, 0, None)
+
+
+def test_a_collective_read_beside_another_threads_call_has_no_number() -> None:
+    log = _log()
+    log.opened("default")  # thread B: a receive, its counter read, not returned yet
+    log.opened("default")  # thread A: a collective
+    _, _, unsure = log.collective_seq("default", 1)
+    assert unsure == "it was issued while another thread of the rank was inside a call on the group"
+    log.counted("default", 1, 2, p2p=False)
+    log.counted("default", 0, 2, p2p=True, ops=1)  # B's receive returns: it counts one, whatever moved
+    log.opened("default")
+    assert log.collective_seq("default", 2) == (1 + 1, 0, None)  # counter 2 less one receive, plus one
+
+
+@pytest.mark.parametrize("ops, failed", [(None, False), (1, True)])
+def test_a_call_whose_own_share_of_the_counter_is_unknown_beside_another_leaves_no_number_to_trust(
+    ops: int | None, failed: bool
+) -> None:
+    # a monitored barrier (its parts are sends and receives) or a send that raised (did it reach
+    # the group?), while another thread's collective moved the counter too
+    log = _log()
+    log.opened("default")
+    log.opened("default")
+    assert log.collective_seq("default", 1)[2] is not None
+    log.counted("default", 1, 2, p2p=False)
+    log.counted("default", 1, 3, p2p=True, ops=ops, failed=failed)
+    log.opened("default")
+    _, _, unsure = log.collective_seq("default", 3)
+    assert unsure is not None and "beside another thread's call" in unsure
+
+
+def test_a_backend_call_with_arguments_it_refuses_raises_its_own_error(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("tensors", [[], [torch.ones(1), torch.ones(1)]], ids=["none", "two"])
+def test_refused(rank, recorder, tensors):
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="takes a single tensor"):
+        backend.send(tensors, 1 - rank, 0)
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
+def test_a_fault_raised_as_a_collective_begins_leaves_the_groups_numbers_certain(pytester) -> None:
+    result = run(
+        pytester,
+        """
+from pytest_ddphooks import InjectedFault
+
+@pytest.mark.multirank(world_size=2)
+def test_raised_at_start(rank, recorder, faults):
+    faults.raise_(0, "dist.all_reduce#1")
+    if rank == 0:
+        with pytest.raises(InjectedFault):
+            dist.all_reduce(torch.ones(1))  # never ran: rank 1 makes no such call
+    dist.barrier()
+    recorder.mark("a")
+    dist.barrier()
+    recorder.mark("b")
+    tl = recorder.timeline()
+    tl.assert_happens_before("a@0", "b@1")
+    assert seqs(tl, 0, "dist.barrier") == seqs(tl, 1, "dist.barrier") == [1, 2]
+""",
+    )
+    result.assert_outcomes(passed=1)

@@ -323,6 +323,12 @@ class Timeline:
         assert x.end is not None
         label = f"{inst.label()} on {collectives.group_label(inst.group, list(inst.members))}"
         start = inst.starts.get(x.rank)
+        if start is None and inst.key[0] == "p" and x.rank in inst.ends:
+            # the receiving side of a send/recv: its receive is where it entered
+            received = inst.ends[x.rank]
+            if inst.completion(x.rank) is None and received.info.get("async"):
+                return f"{label}, which rank {x.rank} issued at event #{received.index} and never waited for"
+            start = received
         if start is None:
             unsure = [
                 e

@@ -314,3 +314,27 @@ def test_raised_at_start(rank, recorder, faults):
 """,
     )
     result.assert_outcomes(passed=1)
+
+
+def test_an_irecv_issued_and_never_waited_is_said_so_not_never_entered(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+def test_irecv(rank, recorder):
+    t = torch.ones(2)
+    if rank == 1:
+        work = dist.irecv(t, 0)
+        recorder.mark("a")
+    else:
+        dist.send(t, 1)
+        recorder.mark("b")
+    tl = recorder.timeline()
+    text = refused(tl, "a@1", "b@0")
+    assert "send/recv 0->1 on the default group, which rank 1 issued at event #" in text
+    assert "and never waited for" in text and "never entered" not in text
+    if rank == 1:
+        work.wait()
+""",
+    )
+    result.assert_outcomes(passed=1)

@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 # past these, a graph is too large to be a fixture's own state (pytest's config reaches
@@ -65,13 +65,16 @@ def _inode(sock: socket.socket) -> int | None:
         return None
 
 
-def owned(roots: Mapping[str, Any], pids: set[int], idents: set[int], inodes: set[int]) -> dict[str, set[Any]]:
-    """Of the processes (pids), threads (idents) and sockets (inodes) given, those each root
-    object owns: reachable from it, or, for a thread, running code of an object reachable
-    from it (a server's handler thread) and the sockets such a thread works with."""
-    out: dict[str, set[Any]] = {}
+def owned(roots: Mapping[str, Any], leaks: Collection[Any]) -> dict[str, set[tuple[str, int]]]:
+    """Of the leaks given (``.kind``, ``.ref``: a process's pid, a thread's ident, a socket's
+    inode), the ``(kind, ref)`` of those each root object owns: reachable from it, or, for a
+    thread, running code of an object reachable from it (a server's handler thread) and the
+    sockets such a thread works with."""
+    refs = {kind: {lk.ref for lk in leaks if lk.kind == kind} for kind in ("process", "thread", "socket")}
+    pids, idents, inodes = refs["process"], refs["thread"], refs["socket"]
+    out: dict[str, set[tuple[str, int]]] = {}
     for name, root in roots.items():
-        found: set[Any] = set()
+        found: set[tuple[str, int]] = set()
         objects = _reachable([root])
         ids = {id(o) for o in objects}
         for obj in objects:

@@ -283,11 +283,7 @@ class LeakHooks:
         values = item.stash.get(WIDER_KEY, None) or self._wider_values(item)
         if not values:
             return leaks
-        kinds = ("process", "thread", "socket")
-        owners = ownership.owned(
-            {name: value for name, (_, value) in values.items()},
-            *({lk.ref for lk in leaks if lk.kind == kind} for kind in kinds),
-        )
+        owners = ownership.owned({name: value for name, (_, value) in values.items()}, leaks)
         taken: list[Leak] = []
         for name, found in owners.items():
             fd = values[name][0]
@@ -306,9 +302,7 @@ class LeakHooks:
         still = [lk for lk in still if not self.allow.allows(lk)]
         args = dict(getattr(item, "funcargs", None) or {})
         if still and args:
-            kinds = ("process", "thread", "socket")
-            owners = ownership.owned(args, *({lk.ref for lk in still if lk.kind == kind} for kind in kinds))
-            held = set().union(*owners.values()) if owners else set()
+            held = set().union(*ownership.owned(args, still).values())
             still = [lk for lk in still if (lk.kind, lk.ref) not in held]
         return self.guard.settle(entry.before, still)
 

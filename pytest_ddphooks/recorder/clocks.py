@@ -212,12 +212,9 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                     elif found_inst is not None:
                         found_inst.ends[rank] = e
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.SEND and start.info.get("seq"):
-                    sent = found.get(
-                        ("p", start.info["group"], start.info["src"], start.info["dst"], start.info.get("tag", 0),
-                         start.info["seq"])
-                    )  # fmt: skip
-                    if sent is not None:
-                        sent.ends[rank] = e  # an isend never waited is named, as an irecv is
+                    info = start.info
+                    sent = _pair(found, info["group"], info["src"], info["dst"], info.get("tag", 0), info["seq"])
+                    sent.ends[rank] = e  # an isend never waited is named, as an irecv is
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq"):
                     inst = _pair(
                         found,

@@ -281,8 +281,9 @@ class Timeline:
         return lines
 
     def _unseen_between(self, x: Span, y: Span) -> list[str]:
-        """Collectives the recorder could not see (a gap in a group's sequence) after ``x``
-        ended on its rank or before ``y`` started on its own: they order nothing here."""
+        """Collectives the recorder could not see (a gap in a group's sequence), and those
+        whose place in it is not certain (unpaired), after ``x`` ended on its rank or before
+        ``y`` started on its own: they order nothing here."""
         assert x.end is not None
         out = []
         for rank, lo, hi in ((x.rank, x.end.index, None), (y.rank, None, y.start.index)):
@@ -291,10 +292,18 @@ class Timeline:
                 for e in self._by_rank.get(rank, [])
                 if e.phase == events.START and e.info.get("seq")
             }
+            unsure = []
             for e in self._by_rank.get(rank, []):
-                if e.phase != events.START or not e.info.get("unseen"):
+                if e.phase != events.START or not (e.info.get("unseen") or e.info.get("unsure")):
                     continue
                 if (lo is not None and e.index <= lo) or (hi is not None and e.index >= hi):
+                    continue
+                label = collectives.group_label(str(e.info.get("group")), e.info.get("ranks"))
+                if e.info.get("unsure"):
+                    unsure.append(
+                        f"{op_of(e)} on {label} (rank {rank}, event #{e.index}) has no place in the group's sequence"
+                        f" anyone can be sure of ({e.info['unsure']}): it is paired with nothing, so it orders nothing"
+                    )
                     continue
                 seq, group = int(e.info["seq"]), e.info.get("group")
                 # what native code issued in the gap was found later: only the rest is unseen
@@ -302,21 +311,11 @@ class Timeline:
                 if not missing:
                     continue
                 numbers = f"#{missing[0]}" if len(missing) == 1 else f"#{missing[0]} to #{missing[-1]}"
-                label = collectives.group_label(str(e.info.get("group")), e.info.get("ranks"))
                 out.append(
                     f"collective {numbers} on {label} (rank {rank}, before event #{e.index}) was issued through"
                     " an API the recorder cannot see; it is treated as ordering nothing"
                 )
-            for e in self._by_rank.get(rank, []):
-                if e.phase != events.START or not e.info.get("unsure"):
-                    continue
-                if (lo is not None and e.index <= lo) or (hi is not None and e.index >= hi):
-                    continue
-                label = collectives.group_label(str(e.info.get("group")), e.info.get("ranks"))
-                out.append(
-                    f"{op_of(e)} on {label} (rank {rank}, event #{e.index}) has no place in the group's sequence"
-                    f" anyone can be sure of ({e.info['unsure']}): it is paired with nothing, so it orders nothing"
-                )
+            out.extend(unsure)
         return out
 
     def _describe_passage(self, inst: Instance, x: Span, y: Span) -> str:

@@ -322,7 +322,8 @@ class Timeline:
         assert x.end is not None
         label = f"{inst.label()} on {collectives.group_label(inst.group, list(inst.members))}"
         start = inst.starts.get(x.rank)
-        if start is None and inst.key[0] == "p" and x.rank in inst.ends:
+        p2p = inst.key[0] == "p"
+        if start is None and p2p and x.rank in inst.ends:
             # the receiving side of a send/recv: its receive is where it entered
             received = inst.ends[x.rank]
             if inst.completion(x.rank) is None and received.info.get("async"):
@@ -346,7 +347,8 @@ class Timeline:
             label += f" (issued in {within.name})"
         if not inst.consistent:
             return f"{label}, where the ranks called different collectives"
-        missing = [m for m in inst.members if m not in inst.starts]
+        # the receiving side of a send/recv is seen where its receive returned
+        missing = [m for m in inst.members if m not in inst.starts and not (p2p and m in inst.ends)]
         if missing:
             who = ",".join(str(m) for m in missing)
             return f"{label}, which rank{'s' if len(missing) > 1 else ''} {who} never entered"
@@ -382,6 +384,9 @@ class Timeline:
             return f"{label}, whose root is rank {inst.root}: it orders only the root before the others"
         if inst.sync == collectives.TO_ROOT:
             return f"{label}, which orders the others before its root (rank {inst.root}) only"
+        if p2p and x.rank == inst.members[1]:
+            sender, receiver = inst.members
+            return f"{label}, which orders only the sender (rank {sender}) before the receiver (rank {receiver})"
         return f"{label}, which does not order rank {x.rank} before it"
 
     def _enclosing(self, e: Event) -> Span | None:
@@ -455,7 +460,7 @@ class Timeline:
 
     def noop_barriers(self) -> list[NoopBarrier]:
         """Framework barriers (``instrument_barrier``) during which the rank issued no
-        collective, or only asynchronous ones nobody waited for."""
+        collective, or only asynchronous ones it did not wait for before the barrier returned."""
         out = []
         for s in self._spans:
             if s.kind != events.BARRIER or s.end is None:
@@ -466,7 +471,7 @@ class Timeline:
                 else:
                     reason = "issued no collective: the process group existed but no collective was called"
             elif self._only_unwaited(s):
-                reason = "issued only asynchronous collectives, and nobody waited for them"
+                reason = "issued only asynchronous collectives, and waited for none of them before it returned"
             elif self._only_empty(s):
                 reason = "issued only collectives on tensors with no element, which wait for nobody"
             else:
@@ -487,7 +492,14 @@ class Timeline:
 
     def _only_unwaited(self, barrier: Span) -> bool:
         inside = self._inside(barrier)
-        return bool(inside) and all(inst.completion(barrier.rank) is None and not inst.native for inst in inside)
+        assert barrier.end is not None
+        end = barrier.end.index
+
+        def waited_inside(inst: Instance) -> bool:
+            done = inst.completion(barrier.rank)
+            return done is not None and done.index < end
+
+        return bool(inside) and all(not waited_inside(inst) and not inst.native for inst in inside)
 
     def _only_empty(self, barrier: Span) -> bool:
         inside = self._inside(barrier)

@@ -199,9 +199,27 @@ def test_send_recv_async(rank, recorder):
         dist.irecv(t, 0).wait()
         recorder.mark("received")
     recorder.timeline().assert_happens_before("sent@0", "received@1")
+
+@pytest.mark.multirank(world_size=2)
+def test_send_recv_refuses_the_receiver_before_the_sender(rank, recorder):
+    t = torch.ones(1)
+    recorder.mark("before")
+    if rank == 0:
+        dist.send(t, dst=1)
+    else:
+        dist.recv(t, src=0)
+    recorder.mark("after")
+    tl = recorder.timeline()
+    tl.assert_happens_before("before@0", "after@1")
+    with pytest.raises(TimelineAssertionError) as refused:
+        tl.assert_happens_before("before@1", "after@0")
+    assert "send/recv 0->1 on the default group, which orders only the sender (rank 0) before the receiver (rank 1)" in str(
+        refused.value
+    )
+    assert "never entered" not in str(refused.value)
 """,
     )
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
 
 
 def test_monitored_barrier_of_a_new_group_orders_like_lightnings_infinite_barrier(pytester) -> None:
@@ -238,13 +256,43 @@ def test_async_barrier_never_waited_is_a_noop(rank, recorder):
     found = [str(nb) for nb in recorder.timeline().noop_barriers()]
     assert found == [
         f"no-op barrier: 'barrier' on rank {r} (event #2) issued only asynchronous collectives,"
-        " and nobody waited for them"
+        " and waited for none of them before it returned"
         for r in (0, 1)
     ]
     strategy.work.wait()
+
+@pytest.mark.multirank(world_size=2)
+def test_async_barrier_waited_only_after_it_returned_is_a_noop(rank, recorder):
+    class Strategy:
+        def barrier(self):
+            self.work = dist.all_reduce(torch.ones(1), async_op=True)
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "barrier")
+    recorder.mark("before")
+    strategy.barrier()
+    recorder.mark("after")
+    strategy.work.wait()
+    tl = recorder.timeline()
+    assert [nb.rank for nb in tl.noop_barriers()] == [0, 1]
+    with pytest.raises(TimelineAssertionError, match="no-op barrier: 'barrier' on rank 1"):
+        tl.assert_happens_before("before@0", "after@1")
+
+@pytest.mark.multirank(world_size=2)
+def test_async_barrier_waited_inside_is_no_noop(rank, recorder):
+    class Strategy:
+        def barrier(self):
+            dist.all_reduce(torch.ones(1), async_op=True).wait()
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "barrier")
+    recorder.mark("before")
+    strategy.barrier()
+    recorder.mark("after")
+    tl = recorder.timeline()
+    assert tl.noop_barriers() == []
+    tl.assert_happens_before("before@0", "after@1")
 """,
     )
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=4)
 
 
 def test_a_shape_that_differs_only_in_view_is_no_desync(pytester) -> None:

@@ -46,6 +46,7 @@ class Blocked:
     missing: tuple[int, ...] = ()  # members that never entered it
     native: str = ""  # issued from native code (its operator), which waits for it unseen
     future: bool = False  # its completion was handed to a future, waited for unseen
+    thread: str = ""  # the thread it was issued on, when not the main one
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,13 @@ def _consequence(report: RunReport, rank: int, result: RankResult) -> bool:
 
 
 def _open_collective(spans: list[Span]) -> Span | None:
-    for s in reversed(spans):
-        if s.kind in (events.COLLECTIVE, events.P2P, events.WAIT) and s.start.lane == 0:
-            return s
-    return None
+    """The call the rank is blocked in: on its main thread; else, when the main thread is in
+    none (it joins a thread, or waits on a lock), the latest one another thread entered."""
+    inside = [s for s in spans if s.kind in (events.COLLECTIVE, events.P2P, events.WAIT)]
+    main = [s for s in inside if s.start.lane == 0]
+    if main:
+        return main[-1]
+    return max(inside, key=lambda s: s.start.index) if inside else None
 
 
 def _unseen_wait(timeline: Timeline, rank: int) -> Span | None:
@@ -184,11 +188,13 @@ def _blocked(span: Span, timeline: Timeline, now_ns: int) -> Blocked:
     op = str(info.get("op", span.name))
     waited = max(now_ns - span.start.t_ns, 0) / 1e9
     in_wait = span.kind == events.WAIT
+    lane = span.start.lane
+    thread = "" if lane == 0 else str(timeline.lanes.get((span.rank, lane)) or f"lane {lane}")
     if info.get("sync") in (collectives.SEND, collectives.RECV):
         peer = info.get("dst") if info.get("sync") == collectives.SEND else info.get("src")
-        return Blocked(op, waited=waited, in_wait=in_wait, peer=None if peer is None else int(peer))
+        return Blocked(op, waited=waited, in_wait=in_wait, peer=None if peer is None else int(peer), thread=thread)
     if not info.get("effective", True):
-        return Blocked(op, waited=waited, no_group=True)
+        return Blocked(op, waited=waited, no_group=True, thread=thread)
     label = collectives.group_label(str(info.get("group")), info.get("ranks"))
     missing: tuple[int, ...] = ()
     inst = timeline.instances.get(collective_key(info))
@@ -203,6 +209,7 @@ def _blocked(span: Span, timeline: Timeline, now_ns: int) -> Blocked:
         waited,
         in_wait,
         missing=missing,
+        thread=thread,
         native=native,
         future=bool(info.get("future")),
     )
@@ -488,7 +495,7 @@ def _exit_words(ex: RankExit | None) -> str:
 
 def describe_blocked(b: Blocked) -> str:
     what = f"the wait of {b.op}" if b.in_wait else b.op
-    waited = f"{b.waited:.1f} s"
+    waited = f"{b.waited:.1f} s" + (f", in thread {b.thread}" if b.thread else "")
     if b.peer is not None:
         return f"blocked in {what} (peer {b.peer}) for {waited}"
     if b.no_group:

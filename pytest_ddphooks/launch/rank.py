@@ -74,8 +74,12 @@ def _redirect_output(job: Job, rank: int) -> RankOutput:
     output = RankOutput(job, rank)
     output.start()
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
+    # text no encoding can write (a file name's lone surrogate) is replaced, as pytest's capture
+    # replaces it: printing it never fails a rank
+    sys.stdout, sys.stderr = (
+        io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), "utf-8", "replace", line_buffering=True, write_through=True)
+        for fd in (1, 2)
+    )
     sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin  # type: ignore[misc]
     # the pytest process's log capture handlers were inherited; a rank logs like a process
     root = logging.getLogger()

@@ -93,6 +93,7 @@ class LeakHooks:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Generator[None, object, object]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         if fixturedef.scope == "function":
             return (yield)
         before = env_now()
@@ -145,6 +146,7 @@ class LeakHooks:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         # under "off" too: a leak is still cleaned up before the next test, only not reported
         with coverage_relay.HarnessWork():
             item.stash[BEFORE_KEY] = self.guard.snapshot()
@@ -184,6 +186,7 @@ class LeakHooks:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         item.stash[WIDER_KEY] = self._wider_values(item)
         try:
             return (yield)

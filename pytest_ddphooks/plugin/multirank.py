@@ -120,6 +120,7 @@ class MultirankHooks:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, object]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         # the next test this process runs (under xdist: the next its scheduler gave it)
         self._next_item = nextitem
         try:
@@ -155,6 +156,7 @@ class MultirankHooks:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         run = self._runs_here(item)
         if run is not None and run.spec.backend == "nccl":
             self._skip_without_gpus(item, run)
@@ -323,6 +325,7 @@ class MultirankHooks:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         active = item.stash.get(ACTIVE_KEY, None)
         if active is not None and active.watch is not None and active.verdict is None:
             self._finish(item, active)  # the call never ran (interrupted): end the run anyway
@@ -330,7 +333,16 @@ class MultirankHooks:
             for key, text in active.teardown_output:
                 item.add_report_section("teardown", key, text)
             active.teardown_output.clear()
-        result = yield
+        try:
+            result = yield
+        except Exception as exc:
+            if active is None or active.teardown is None:
+                raise
+            # the ranks' teardown failed too: both are reported, as pytest reports two finalizers
+            failure, active.teardown = active.teardown, None
+            raise ExceptionGroup(
+                f"errors while tearing down {item!r}", [MultirankFailed(render(failure)), exc]
+            ) from None
         if active is not None and active.teardown is not None:
             failure, active.teardown = active.teardown, None
             raise MultirankFailed(render(failure))

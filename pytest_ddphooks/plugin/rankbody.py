@@ -206,7 +206,10 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
                 restore_test_state(item, payload.instance_state)
             _reseed_as_the_session(item, "setup")
             fixtures = RankFixtures(item, values, builtins)
-            item.funcargs = fixtures.arguments(payload.dependent)
+            # a finalizer the body adds (request.addfinalizer, request.node.addfinalizer) runs
+            # in the rank's teardown: pytest's own setup state never saw this item here
+            item.addfinalizer = fixtures.finalizers.append  # type: ignore[method-assign]
+            item.funcargs = fixtures.funcargs(payload.dependent)
             ctx.note("setup", "ok")
             phase = "call"
             mark("call")

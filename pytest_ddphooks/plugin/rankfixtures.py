@@ -9,6 +9,7 @@ declared scope (a value that differs per rank cannot be shared).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import pickle
@@ -160,6 +161,13 @@ def pickle_values(item: pytest.Function, names: list[str]) -> dict[str, bytes]:
             out[name] = _to_ranks(item.funcargs[name])
         except Exception as exc:
             raise FixtureNotSendable(name, f"{type(exc).__name__}: {exc}", _kind_of(item, name)) from None
+    # what else pytest set up for the item (autouse, usefixtures): a plugin's pytest_pyfunc_call
+    # may read it from ``item.funcargs`` (anyio's ``anyio_backend``); one that cannot travel is
+    # simply absent there, as nothing in the rank asks for it by name
+    for name in item.fixturenames:
+        if name in item.funcargs and name not in out and name not in names and name not in RANK_RESOLVED:
+            with contextlib.suppress(Exception):
+                out[name] = _to_ranks(item.funcargs[name])
     return out
 
 
@@ -337,6 +345,7 @@ class RankFixtures:
             value = next(gen)
 
             def finish(gen: Any = gen) -> None:
+                __tracebackhide__ = True
                 try:
                     next(gen)
                 except StopIteration:
@@ -347,14 +356,20 @@ class RankFixtures:
             return value
         return func(**kwargs)
 
-    def arguments(self, dependent: list[str]) -> dict[str, Any]:
-        """The keyword arguments of the test function, once every fixture the ranks evaluate
-        is set up in pytest's order (an autouse one the test does not name too)."""
+    def funcargs(self, dependent: list[str]) -> dict[str, Any]:
+        """``item.funcargs`` in the rank, as pytest fills it: the test's arguments, once every
+        fixture the ranks evaluate is set up in pytest's order (an autouse one the test does
+        not name too), and every other fixture value of the item the rank has."""
         for name in dependent:
             self.get(name)
-        return {name: self.get(name) for name in self.item._fixtureinfo.argnames}
+        out = {name: self.get(name) for name in self.item._fixtureinfo.argnames}
+        for name in self.item._fixtureinfo.names_closure:
+            if name not in out and (name, -1) in self.cache:
+                out[name] = self.cache[(name, -1)]
+        return out
 
     def teardown(self) -> list[BaseException]:
+        __tracebackhide__ = True  # a finalizer's error shows the fixture's frame, not this loop's
         errors: list[BaseException] = []
         while self.finalizers:
             try:

@@ -5,6 +5,7 @@ rank's skip, and warnings raised in other processes."""
 from __future__ import annotations
 
 import bdb
+import hashlib
 import os
 import pickle
 import re
@@ -177,7 +178,7 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
             highlights=[h for res in report.results.values() for h in res.highlights],
         )
     if verdict.failure is not None and settings.trace_dir and report.timeline is not None:
-        target = os.path.join(settings.trace_dir, safe_name(item.nodeid) + ".json")
+        target = os.path.join(settings.trace_dir, trace_file_name(item.nodeid))
         try:
             path = report.timeline.to_chrome_trace(target)
         except OSError as exc:  # the test's own failure is what the report is about
@@ -190,3 +191,13 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
 def safe_name(name: str) -> str:
     """A test's id as a file name."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:120]
+
+
+def trace_file_name(nodeid: str) -> str:
+    """The trace file of a test: its id, flattened; where flattening could make two ids one
+    (``[a/b]`` and ``[a_b]``, a long id cut short), a hash of the whole id follows."""
+    plain = nodeid.replace("::", "_").replace("/", "_")
+    if len(plain) <= 120 and re.fullmatch(r"[A-Za-z0-9_.-]+", plain):
+        return plain + ".json"
+    digest = hashlib.sha1(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{safe_name(nodeid)[:100]}-{digest}.json"

@@ -447,16 +447,19 @@ class SpecialChildHooks:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         with self._phase(item, "setup"):
             return (yield)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         with self._phase(item, "call"):
             return (yield)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         with self._phase(item, "teardown"):
             return (yield)
 

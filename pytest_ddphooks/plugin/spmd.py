@@ -231,6 +231,7 @@ class SpmdHooks:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         run = item.stash.get(RUN_KEY, None)
         if run is not None and not self._group_alive():
             # a failed test's group is rebuilt before the next multirank test is set up, where
@@ -326,6 +327,7 @@ class SpmdHooks:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, Any, Any]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
         run = pyfuncitem.stash.get(RUN_KEY, None)
         if run is None:
             return (yield)

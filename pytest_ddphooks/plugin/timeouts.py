@@ -4,10 +4,15 @@ arms its own timer for them, in the plugin's own runs and under torchrun alike."
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
 
+from . import rankbody
 from .markers import RUN_KEY, THREAD_TIMEOUT_KEY, TIMEOUT_KEY, is_special
 from .special import runs_here
 
@@ -40,3 +45,59 @@ class TimeoutHooks:
     @pytest.hookimpl(optionalhook=True)
     def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
         return True if self._timed_here(item) else None
+
+    # The ranks are timed by the run's watch; what pytest itself sets up and tears down for a
+    # multirank test in this process (its pytest-side fixtures) is timed here, as pytest-timeout
+    # would time it for a plain test: a fixture that hangs there must not hang the session.
+    # (trylast: inside the plugin's own wrappers, so the ranks' start and end are never cut.)
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
+        with _limited(item, "setup"):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
+        with _limited(item, "teardown"):
+            return (yield)
+
+
+def pytest_side_limit(item: pytest.Item) -> tuple[float, str] | None:
+    """The limit of a multirank test's pytest-side setup and teardown, and whose it is: the one
+    a user set for the test (pytest-timeout's, the marker's ``timeout=``); None without one
+    (a session fixture's slow first setup fails no test the user never limited)."""
+    run = item.stash.get(RUN_KEY, None)
+    if run is None or rankbody.in_rank or (is_special(item) and not runs_here(item)):
+        return None
+    if TIMEOUT_KEY in item.stash and item.stash[TIMEOUT_KEY] > 0:
+        return item.stash[TIMEOUT_KEY], "pytest-timeout"
+    if run.spec.timeout is not None:
+        return float(run.spec.timeout), f"multirank(timeout={run.spec.timeout:g})"
+    return None
+
+
+@contextlib.contextmanager
+def _limited(item: pytest.Item, phase: str) -> Iterator[None]:
+    limit = pytest_side_limit(item)
+    if limit is None or not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seconds, whose = limit
+
+    def expired(signum: int, frame: Any) -> None:
+        __tracebackhide__ = True
+        pytest.fail(
+            f"Timeout (>{seconds}s) from {whose}, in the {phase} of this multirank test's fixtures"
+            " that run in the pytest process",
+            pytrace=True,
+        )
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

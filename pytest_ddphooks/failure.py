@@ -157,11 +157,17 @@ def _consequence(report: RunReport, rank: int, result: RankResult) -> bool:
 def _open_collective(spans: list[Span]) -> Span | None:
     """The call the rank is blocked in: on its main thread; else, when the main thread is in
     none (it joins a thread, or waits on a lock), the latest one another thread entered."""
-    inside = [s for s in spans if s.kind in (events.COLLECTIVE, events.P2P, events.WAIT)]
+    inside = [s for s in spans if s.kind in (events.COLLECTIVE, events.P2P, events.WAIT) or _joining(s)]
     main = [s for s in inside if s.start.lane == 0]
     if main:
         return main[-1]
     return max(inside, key=lambda s: s.start.index) if inside else None
+
+
+def _joining(span: Span) -> bool:
+    """init_process_group or new_group: each waits for every rank to call it."""
+    info = span.start.info
+    return span.kind == events.GROUP and info.get("op") in collectives.JOINS and not info.get("local_sync")
 
 
 def _unseen_wait(timeline: Timeline, rank: int) -> Span | None:
@@ -195,6 +201,8 @@ def _blocked(span: Span, timeline: Timeline, now_ns: int) -> Blocked:
         return Blocked(op, waited=waited, in_wait=in_wait, peer=None if peer is None else int(peer), thread=thread)
     if not info.get("effective", True):
         return Blocked(op, waited=waited, no_group=True, thread=thread)
+    if span.kind == events.GROUP:
+        return Blocked(op, waited=waited, thread=thread)
     label = collectives.group_label(str(info.get("group")), info.get("ranks"))
     missing: tuple[int, ...] = ()
     inst = timeline.instances.get(collective_key(info))
@@ -504,6 +512,8 @@ def describe_blocked(b: Blocked) -> str:
         return f"waiting in {b.op} #{b.seq} on {b.group}, issued from native code ({b.native}), for {waited}"
     if b.future:
         return f"waiting for {b.op} #{b.seq} on {b.group}, handed to a future (Work.get_future), for {waited}"
+    if b.seq is None:  # init_process_group, new_group: every rank's call of it is awaited
+        return f"blocked in {what} for {waited}"
     return f"blocked in {what} #{b.seq} on {b.group} for {waited}"
 
 

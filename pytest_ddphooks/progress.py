@@ -30,13 +30,13 @@ class _Rank:
     native: dict[int, int] = field(default_factory=dict)  # lane -> a native call issued, nothing after it
     last_t: dict[int, int] = field(default_factory=dict)  # lane -> the latest time recorded on it
     fired: list[dict[str, Any]] = field(default_factory=list)  # injected faults that acted on it
-    joins: int = 0  # init_process_group calls started
+    joins: dict[str, int] = field(default_factory=dict)  # init_process_group / new_group -> calls started
     exchanges: int = 0  # timeline() calls started
     in_exchange: int = 0  # the timeline() call it is inside, 0 when none
     count: int = 0  # events recorded
 
 
-JOIN = "join"  # what init_process_group waits for: every rank's call of it
+JOIN = "join"  # what init_process_group and new_group wait for: every rank's call of it
 
 
 def describe_call(info: dict[str, Any]) -> str:
@@ -104,11 +104,13 @@ class RankProgress:
 
     @staticmethod
     def _join(state: _Rank, call_id: int, phase: str, info: dict[str, Any]) -> None:
-        """init_process_group returns once every rank joined the group: a wait like a
-        collective's (its end event names no op: it is known by its call id)."""
-        if phase == events.START and info.get("op") == "init_process_group":
-            state.joins += 1
-            state.inside[call_id] = {"op": "init_process_group", "sync": JOIN, "join": state.joins}
+        """init_process_group returns once every rank joined the group, and new_group once
+        every rank of the default group called it (unless only its members synchronise): a
+        wait like a collective's (its end event names no op: it is known by its call id)."""
+        op = str(info.get("op"))
+        if phase == events.START and op in collectives.JOINS and not info.get("local_sync"):
+            n = state.joins[op] = state.joins.get(op, 0) + 1
+            state.inside[call_id] = {"op": op, "sync": JOIN, "join": n}
         else:
             state.inside.pop(call_id, None)
 
@@ -206,7 +208,8 @@ class RankProgress:
     def _absent(self, rank: int, info: dict[str, Any], finished: dict[int, str], world_size: int) -> list[int]:
         sync = info.get("sync")
         if sync == JOIN:
-            return [m for m in sorted(finished) if self._of(m).joins < int(info.get("join", 1))]
+            op = str(info.get("op"))
+            return [m for m in sorted(finished) if self._of(m).joins.get(op, 0) < int(info.get("join", 1))]
         if sync == collectives.RECV:
             src = info.get("src")
             if src is None or src not in finished:

@@ -164,6 +164,72 @@ def test_a_rank_that_never_joins_the_group_its_peers_init_is_said_early(inner) -
     assert ran.seconds < 30
 
 
+def test_a_rank_that_never_calls_new_group_its_peers_call_is_said_early(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_only_rank0_builds_the_group(rank):
+            if rank == 0:
+                dist.new_group([0, 1])
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_both_build_it(rank):
+            group = dist.new_group([0, 1])
+            dist.barrier(group=group)
+
+        @pytest.mark.multirank(world_size=3, timeout=60)
+        def test_only_members_synchronise(rank):
+            if rank != 2:
+                group = dist.new_group([0, 1], use_local_synchronization=True)
+                dist.barrier(group=group)
+        """
+    )
+    ran.result.assert_outcomes(failed=1, passed=2)
+    ran.lines(
+        "hang: the ranks were stopped after * s, not at the 60 s limit: they wait for ranks that finished the test",
+        "  rank 1 finished the test without calling new_group; rank 0 waits in it",
+        "  rank 0: blocked in new_group for * s",
+        "    stuck at test_inner.py:7 in test_only_rank0_builds_the_group: dist.new_group([[]0, 1[]])",
+    )
+    assert ran.seconds < 30
+
+
+def test_a_collective_hung_in_another_thread_is_named_with_the_thread(inner) -> None:
+    ran = inner(
+        """
+        import threading
+        import time
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        def save(state):
+            dist.all_reduce(state)
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_saver_waits_for_a_busy_peer(rank):
+            state = torch.ones(2)
+            if rank == 0:
+                saver = threading.Thread(target=save, args=(state,), name="ckpt-saver")
+                saver.start()
+                saver.join()
+            else:
+                time.sleep(100)
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "hang: the test did not finish within 3 s (2 ranks)",
+        "  rank 0: blocked in all_reduce #1 on the default group for * s, in thread ckpt-saver",
+        "    ranks that never entered all_reduce #1: 1",
+        "    stuck at test_inner.py:16 in test_saver_waits_for_a_busy_peer: saver.join()",
+        "  rank 1: still running",
+    )
+
+
 def test_a_native_call_cut_short_by_the_stack_dump_is_still_the_hang(inner) -> None:
     # PyDLL keeps the GIL through libc's sleep, which the stack dump's signal interrupts: the
     # body then runs on, and what it does after it was stopped must not be taken as its result

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_trace_of_each_failed_test_is_written(inner, tmp_path) -> None:
     traces = tmp_path / "traces"
@@ -71,3 +73,30 @@ def test_relative_paths_are_read_as_pytest_reads_paths(pytester, monkeypatch) ->
     assert not (tests / "ci").exists()
     result = pytester.runpytest("-p", "no:cacheprovider", "test_fails.py", "--ddp-trace-dir=here")
     assert [p.name for p in (tests / "here").iterdir()] == ["tests_test_fails.py_test_fails.json"]
+
+
+def test_a_hung_collective_lasts_until_the_ranks_were_stopped(inner, tmp_path) -> None:
+    traces = tmp_path / "traces"
+    ran = inner(
+        """
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_rank1_never_arrives(rank):
+            if rank == 1:
+                time.sleep(100)
+            dist.barrier()
+        """,
+        f"--ddp-trace-dir={traces}",
+    )
+    ran.result.assert_outcomes(failed=1)
+    (path,) = traces.iterdir()
+    events = json.loads(path.read_text())["traceEvents"]
+    (barrier,) = [e for e in events if e["ph"] == "X" and e["name"] == "dist.barrier"]
+    assert barrier["args"]["never_ended"] is True
+    (stopped,) = [e for e in events if e["name"] == "ranks stopped"]
+    # it lasts until the stop (the limit, 2 s, less the rank's start), not until the last event
+    assert barrier["ts"] + barrier["dur"] == pytest.approx(stopped["ts"], abs=0.01)
+    assert barrier["dur"] > 1_000_000

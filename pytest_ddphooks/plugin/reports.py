@@ -180,7 +180,7 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
     if verdict.failure is not None and settings.trace_dir and report.timeline is not None:
         target = os.path.join(settings.trace_dir, trace_file_name(item.nodeid))
         try:
-            path = report.timeline.to_chrome_trace(target)
+            path = report.timeline.to_chrome_trace(target, stopped_ns=report.stopped_at_ns)
         except OSError as exc:  # the test's own failure is what the report is about
             message = f"--ddp-trace-dir: cannot write {target}: {type(exc).__name__}: {exc}"
             warn_never_raising(item.config, pytest.PytestWarning(message), item)

@@ -89,6 +89,10 @@ _DTYPE_SHORT = {"torch.float32": "float32", "torch.float64": "float64", "torch.i
 _described: dict[tuple[Any, Any], str] = {}
 
 
+# group calls that return only once every rank of the default group called them
+JOINS = ("init_process_group", "new_group")
+
+
 def describe_tensor(value: Any) -> str:
     """``float32[4,2]`` for a tensor, ``[float32[4] x2]`` for a list of them."""
     try:

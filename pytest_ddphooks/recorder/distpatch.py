@@ -455,6 +455,8 @@ def _describe_group_op(rec: EventLog, op: str, bound: dict[str, Any]) -> Call:
     elif op == "new_group":
         ranks = bound.get("ranks")
         info["ranks"] = None if ranks is None else [int(r) for r in ranks]
+        if bound.get("use_local_synchronization"):
+            info["local_sync"] = True  # only its members wait for each other
     else:
         group = bound.get("group")
         name = _group_name(group)

@@ -237,26 +237,29 @@ def _flow_events(timeline: Timeline, us: Callable[[int], float]) -> list[dict[st
     return out
 
 
-def chrome_trace(timeline: Timeline) -> dict[str, Any]:
-    """Chrome trace event JSON: a track per rank and thread, collectives as flow arrows."""
+def chrome_trace(timeline: Timeline, stopped_ns: int = 0) -> dict[str, Any]:
+    """Chrome trace event JSON: a track per rank and thread, collectives as flow arrows. A
+    call never left lasts until ``stopped_ns`` (when the ranks were stopped), if given."""
     all_events = timeline.events
     if not all_events:
         return {"traceEvents": [], "displayTimeUnit": "ms"}
     t0 = min(e.t_ns for e in all_events)
-    t_last = max(e.t_ns for e in all_events)
+    t_last = max(max(e.t_ns for e in all_events), stopped_ns)
 
     def us(t_ns: int) -> float:
         return (t_ns - t0) / 1000.0
 
     trace = _track_names(timeline) + _span_events(timeline, us, t_last) + _flow_events(timeline, us)
+    if stopped_ns:
+        trace.append({"ph": "i", "s": "g", "name": "ranks stopped", "pid": 0, "tid": 0, "ts": us(stopped_ns)})
     return {"traceEvents": trace, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> str:
+def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str], stopped_ns: int = 0) -> str:
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(strict_json(chrome_trace(timeline)))
+        f.write(strict_json(chrome_trace(timeline, stopped_ns)))
     return path
 
 

@@ -22,7 +22,7 @@ from .stacks import Frame, Stacks, ThreadStack, fatal_error, format_stack, user_
 
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed")
 
-_STUCK = ("blocked", "running", "frozen")
+_STUCK = ("blocked", "running", "frozen", "exchanging")
 # root causes, most telling first
 DESYNC = "desync"  # the ranks called different collectives
 HANG = "hang"  # stopped at the time limit
@@ -54,7 +54,7 @@ class RankState:
     """Where one rank was when the run ended."""
 
     rank: int
-    state: str  # "finished", "died", "blocked", "running", "frozen"
+    state: str  # "finished", "died", "blocked", "exchanging" (in timeline()), "running", "frozen"
     outcome: str | None = None  # of its test, when it finished
     waited: bool = False  # it finished, then waited for the others
     reason: str = ""  # why the harness stopped it
@@ -242,7 +242,15 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     stacks = report.stacks.get(rank)
     stack = stacks.main(report.thread_idents.get((rank, 0))) if stacks is not None else None
     frame = user_frame(stack) if stack is not None else None
-    state = "frozen" if rank in report.frozen else "blocked" if blocked is not None else "running"
+    state = (
+        "frozen"
+        if rank in report.frozen
+        else "blocked"
+        if blocked is not None
+        else "exchanging"
+        if rank in report.exchanging
+        else "running"
+    )
     last = ""
     if state == "frozen" and timeline is not None:
         seen = timeline.for_rank(rank)
@@ -543,6 +551,8 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
         if s.blocked.missing:
             who = ", ".join(str(m) for m in s.blocked.missing)
             lines.append(f"  ranks that never entered {s.blocked.op} #{s.blocked.seq}: {who}")
+    elif s.state == "exchanging":
+        lines.append(f"{head}waiting in timeline() for the other ranks to call it{where}")
     else:
         lines.append(f"{head}{'still running' if stuck else 'running'}{where}")
     if s.frame is not None:
@@ -584,8 +594,13 @@ def _hang_lines(f: RunFailure) -> list[str]:
     early = f"hang: the ranks were stopped after {f.duration:.1f} s, not at the {f.limit:g} s limit:"
     if f.stall:
         head = [early + " they wait for ranks that finished the test", *("  " + ln for ln in _stall_lines(f))]
+    elif f.desynced and any(st.state == "finished" for st in f.ranks.values()):
+        # gloo let one side of the mismatched collective return: the other waits for ever
+        head = [early + " they are blocked in a collective that can never match what the finished ranks called"]
     elif f.desynced:
         head = [early + " they are blocked in collectives that can never match"]
+    elif f.deadlock and any(f.ranks[r].state == "exchanging" for r in f.deadlock if r in f.ranks):
+        head = [early + f" {ranks_words(f.deadlock)} wait for each other (a deadlock): timeline() against a collective"]
     elif f.deadlock:
         head = [early + f" {ranks_words(f.deadlock)} wait for each other in different collectives (a deadlock)"]
     else:

@@ -13,6 +13,7 @@ the ranks record, never the whole run again. Two questions are answered from it:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from .recorder import collectives, events
@@ -24,6 +25,7 @@ class _Rank:
     inside: dict[int, dict[str, Any]] = field(default_factory=dict)  # call id -> the call it is in
     issued: dict[int, dict[str, Any]] = field(default_factory=dict)  # call id -> async call not waited yet
     entered: set[tuple[Any, ...]] = field(default_factory=set)  # collective keys it started
+    calls: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)  # key -> the call it made
     sent: dict[tuple[Any, ...], int] = field(default_factory=dict)  # (group, dst, tag) -> sends
     received: dict[tuple[Any, ...], int] = field(default_factory=dict)  # (group, src, tag) -> receives done
     final: dict[str, int] | None = None  # once finished: group -> its last collective, seen or not
@@ -121,7 +123,9 @@ class RankProgress:
             if not info.get("effective", True):
                 return
             if kind == events.COLLECTIVE and info.get("seq"):
-                state.entered.add(collective_key(info))
+                key = collective_key(info)
+                state.entered.add(key)
+                state.calls[key] = info
             elif sync == collectives.SEND:
                 key = (info.get("group"), info.get("dst"), info.get("tag", 0))
                 state.sent[key] = state.sent.get(key, 0) + 1
@@ -144,18 +148,29 @@ class RankProgress:
         fired = self._of(rank).fired
         return str(fired[-1].get("action")) if fired else None
 
+    def exchanging(self) -> set[int]:
+        """Ranks inside ``timeline()``, which waits for every rank to call it."""
+        return {rank for rank, state in self._ranks.items() if state.in_exchange}
+
     def counts(self) -> dict[int, int]:
         """How many events each rank has recorded so far."""
         return {rank: state.count for rank, state in self._ranks.items()}
 
-    def desync(self) -> tuple[object, ...] | None:
+    def desync(self, finished: Iterable[int] = ()) -> tuple[object, ...] | None:
         """The first collective that ranks are inside with calls that cannot match, with how
-        many events those ranks had recorded (to tell a stuck state from progress); else None."""
+        many events those ranks had recorded (to tell a stuck state from progress); else None.
+        A rank in ``finished`` (it finished the test) counts with the call it made there: gloo
+        may let one side of a mismatched collective return, never the other."""
         at: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
         for rank, state in self._ranks.items():
             for info in state.inside.values():
                 if info.get("seq") and info.get("sync") not in (collectives.SEND, collectives.RECV):
                     at.setdefault(collective_key(info), {})[rank] = info
+        for rank in finished:
+            calls = self._of(rank).calls
+            for key, ranks in at.items():
+                if rank not in ranks and key in calls:
+                    ranks[rank] = calls[key]
         for key in sorted(at, key=lambda k: (int(k[2]), str(k[1]))):
             ranks = at[key]
             ops = {r: str(info.get("op")) for r, info in ranks.items()}
@@ -169,7 +184,7 @@ class RankProgress:
     def deadlock(self, live: set[int], world_size: int) -> tuple[object, ...] | None:
         """Live ranks that wait for each other in different collectives (rank 0 in a barrier
         of one group that rank 1 never entered, rank 1 in one of another group that rank 0
-        never entered): a cycle of waits that none can leave. The cycle, in rank order, with
+        never entered; or rank 0 in ``timeline()``): a cycle of waits that none can leave. The cycle, in rank order, with
         those ranks' event counts (to tell a stuck state from progress); else None."""
         blocked: dict[int, dict[str, Any]] = {}
         for rank in sorted(live):
@@ -177,11 +192,20 @@ class RankProgress:
             # one blocking call on the rank, from Python: the rank can do nothing else
             if len(calls) == 1 and _blocking_collective(calls[0]):
                 blocked[rank] = calls[0]
+        # a rank inside timeline() waits for every rank to call it as often: one blocked in a
+        # collective that rank never entered never will
+        exchanging = {rank: self._of(rank).in_exchange for rank in sorted(live) if self._of(rank).in_exchange}
         waits: dict[int, list[int]] = {}
         for rank, info in blocked.items():
             members = info.get("ranks") or range(int(info.get("group_size") or world_size))
             key = collective_key(info)
-            waits[rank] = [m for m in members if m != rank and m in blocked and key not in self._of(m).entered]
+            waits[rank] = [
+                m
+                for m in members
+                if m != rank and (m in blocked or m in exchanging) and key not in self._of(m).entered
+            ]
+        for rank, n in exchanging.items():
+            waits[rank] = [m for m in blocked if m != rank and self._of(m).exchanges < n]
         cycle = _cycle(waits)
         if cycle is None:
             return None

@@ -111,6 +111,7 @@ class RunReport:
     first_failure: int | None = None
     stacks: dict[int, Stacks] = field(default_factory=dict)
     frozen: set[int] = field(default_factory=set)  # ranks found stopped (SIGSTOP) when stopped
+    exchanging: set[int] = field(default_factory=set)  # ranks inside timeline() when stopped
     outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
     phase_outputs: dict[int, list[tuple[str, str, str]]] = field(default_factory=dict)  # (phase, out, err)
     timeline: Timeline | None = None

@@ -230,6 +230,58 @@ def test_a_collective_hung_in_another_thread_is_named_with_the_thread(inner) -> 
     )
 
 
+def test_a_desync_one_side_of_which_returned_is_stopped_early(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_counts_differ(rank):
+            dist.all_reduce(torch.ones(2 if rank == 0 else 3))
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "desync: collective #1 on the default group: rank 0 all_reduce(float32[[]2[]]), rank 1 all_reduce(float32[[]3[]])",
+        "hang: the ranks were stopped after * s, not at the 60 s limit: they are blocked in a collective that can"
+        " never match what the finished ranks called",
+        "  rank 0: finished the test body (passed), then waited for the other ranks",
+        "  rank 1: blocked in all_reduce #1 on the default group for * s",
+    )
+    assert ran.seconds < 30
+
+
+def test_timeline_against_a_collective_is_a_deadlock_said_early(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_rank0_gathers_first(rank, recorder):
+            if rank == 0:
+                recorder.timeline()
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_both_gather_then_barrier(rank, recorder):
+            recorder.timeline()
+            dist.barrier()
+        """
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "hang: the ranks were stopped after * s, not at the 60 s limit: ranks 0,1 wait for each other (a deadlock):"
+        " timeline() against a collective",
+        "  rank 0: waiting in timeline() for the other ranks to call it",
+        "    stuck at test_inner.py:7 in test_rank0_gathers_first: recorder.timeline()",
+        "  rank 1: blocked in barrier #1 on the default group for * s",
+    )
+    assert ran.seconds < 30
+
+
 def test_a_native_call_cut_short_by_the_stack_dump_is_still_the_hang(inner) -> None:
     # PyDLL keeps the GIL through libc's sleep, which the stack dump's signal interrupts: the
     # body then runs on, and what it does after it was stopped must not be taken as its result

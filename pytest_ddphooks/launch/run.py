@@ -301,7 +301,7 @@ class RunWatch:
             self._stalled_since = None
         if stall_only:
             return
-        desync = self._progress.desync()
+        desync = self._progress.desync(left)
         if desync is not None and desync == self._seen_desync:
             self.report.desynced = True
             self._stop("stopped: blocked in collectives that can never match")
@@ -335,6 +335,7 @@ class RunWatch:
         if live:
             report.stopped_at_ns = time.time_ns()
             report.frozen = {r for r, p in live.items() if procs.is_frozen(p)}
+            report.exchanging = self._progress.exchanging() & set(live)
             targets = {r: (p, self.job.path(r, "stacks")) for r, p in live.items() if r not in report.frozen}
             report.stacks = dump_stacks(targets) if targets else {}
             for r in live:

@@ -12,8 +12,8 @@ the ranks record, never the whole run again. Two questions are answered from it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .recorder import collectives, events
@@ -184,8 +184,9 @@ class RankProgress:
     def deadlock(self, live: set[int], world_size: int) -> tuple[object, ...] | None:
         """Live ranks that wait for each other in different collectives (rank 0 in a barrier
         of one group that rank 1 never entered, rank 1 in one of another group that rank 0
-        never entered; or rank 0 in ``timeline()``): a cycle of waits that none can leave. The cycle, in rank order, with
-        those ranks' event counts (to tell a stuck state from progress); else None."""
+        never entered; or rank 0 in ``timeline()``): a cycle of waits that none can leave.
+        The cycle, in rank order, with those ranks' event counts (to tell a stuck state from
+        progress); else None."""
         blocked: dict[int, dict[str, Any]] = {}
         for rank in sorted(live):
             calls = list(self._of(rank).inside.values())
@@ -200,9 +201,7 @@ class RankProgress:
             members = info.get("ranks") or range(int(info.get("group_size") or world_size))
             key = collective_key(info)
             waits[rank] = [
-                m
-                for m in members
-                if m != rank and (m in blocked or m in exchanging) and key not in self._of(m).entered
+                m for m in members if m != rank and (m in blocked or m in exchanging) and key not in self._of(m).entered
             ]
         for rank, n in exchanging.items():
             waits[rank] = [m for m in blocked if m != rank and self._of(m).exchanges < n]

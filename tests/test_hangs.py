@@ -244,7 +244,8 @@ def test_a_desync_one_side_of_which_returned_is_stopped_early(inner) -> None:
     )
     ran.result.assert_outcomes(failed=1)
     ran.lines(
-        "desync: collective #1 on the default group: rank 0 all_reduce(float32[[]2[]]), rank 1 all_reduce(float32[[]3[]])",
+        "desync: collective #1 on the default group: rank 0 all_reduce(float32[[]2[]]),"
+        " rank 1 all_reduce(float32[[]3[]])",
         "hang: the ranks were stopped after * s, not at the 60 s limit: they are blocked in a collective that can"
         " never match what the finished ranks called",
         "  rank 0: finished the test body (passed), then waited for the other ranks",

@@ -138,7 +138,9 @@ def signature(op: str, info: Mapping[str, Any]) -> str:
 
 
 # Ops whose members may legally pass tensors of different shapes (uneven splits): only the
-# dtypes of their payloads must agree.
+# dtypes of their payloads must agree. An all-gather is uneven only where its info does not
+# say ``even`` (a list all-gather on NCCL; gloo and every all-gather into one tensor need the
+# same size on every member).
 UNEVEN: frozenset[str] = frozenset({"all_to_all", "all_to_all_single", "all_gather", "reduce_scatter"})
 
 # The same collective reached through another API: a ProcessGroup method, an alias.
@@ -204,7 +206,7 @@ def comparable(op: str, info: Mapping[str, Any], loose: bool = False) -> tuple[A
     the op and the payload only."""
     op = CANONICAL.get(op, op)
     payload = info.get("payload")
-    payload = payload_dtypes(payload) if op in UNEVEN else payload_elements(payload)
+    payload = payload_dtypes(payload) if op in UNEVEN and not info.get("even") else payload_elements(payload)
     if loose:
         return (op, payload)
     return (op, payload, info.get("root"), info.get("reduce_op"))

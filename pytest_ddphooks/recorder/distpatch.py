@@ -308,11 +308,22 @@ def _static_info(
     key, info = _group_info(rec, pg, world, op, api, async_op)
     if payload is not None:
         info["payload"] = payload
+        if collectives.CANONICAL.get(op, op) == "all_gather" and (op != "all_gather" or not _uneven_gather(pg)):
+            info["even"] = True  # every member's input must be the same size (see collectives.UNEVEN)
     if root is not None:
         info["root"] = root
     if op in _REDUCING:
         info["reduce_op"] = _reduce_op_name(reduce_op)
     return pg, key, info
+
+
+def _uneven_gather(pg: Any) -> bool:
+    """Whether the group's backend takes a list all-gather of different sizes (NCCL does; gloo
+    refuses it); when unknown, assumed to, so that no desync is ever claimed on a guess."""
+    try:
+        return "nccl" in str(_dist().get_backend(pg)).lower()
+    except Exception:
+        return True
 
 
 def _point_to_point(

@@ -308,11 +308,20 @@ def test_views(rank, recorder):
 @pytest.mark.multirank(world_size=2, timeout=5)
 def test_element_counts_differ(rank, recorder):
     dist.all_reduce(torch.ones(4 if rank == 0 else 3))
+
+@pytest.mark.multirank(world_size=2, timeout=20)
+def test_gather_counts_differ(rank, recorder):
+    n = 2 if rank == 0 else 3
+    dist.all_gather([torch.zeros(n), torch.zeros(n)], torch.ones(n))
 """,
     )
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(
         ["desync: collective #1 on the default group: rank 0 all_reduce(float32[[]4]), rank 1 all_reduce(float32[[]3])"]
+    )
+    # gloo refuses a list all-gather whose members' inputs differ in size (NCCL would take it)
+    result.stdout.fnmatch_lines(
+        ["desync: collective #1 on the default group: rank 0 all_gather(float32[[]2]), rank 1 all_gather(float32[[]3])"]
     )
 
 

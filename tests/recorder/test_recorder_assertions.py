@@ -239,8 +239,14 @@ def test_the_first_mismatch_is_reported_in_words() -> None:
             {"op": "all_gather_object", "payload": "object"},
             "rank 0 barrier(), rank 1 all_gather_object(object)",
         ),
+        (
+            # on gloo every member's input is the same size (NCCL takes a list all-gather uneven)
+            {"op": "all_gather", "payload": "float32[2]", "even": True},
+            {"op": "all_gather", "payload": "float32[3]", "even": True},
+            "rank 0 all_gather(float32[2]), rank 1 all_gather(float32[3])",
+        ),
     ],
-    ids=["shape", "dtype", "reduce-op", "root", "op", "uneven-op-dtype", "object"],
+    ids=["shape", "dtype", "reduce-op", "root", "op", "uneven-op-dtype", "object", "gloo-all-gather-count"],
 )
 def test_mismatch_kinds(rank0: dict, rank1: dict, text: str) -> None:
     (found,) = mismatched(rank0, rank1).collective_mismatches()

@@ -184,15 +184,24 @@ def format_stack(stack: ThreadStack, name: str) -> list[str]:
 
 
 def fatal_error(stderr: str) -> list[str]:
-    """A process's "Fatal Python error" (SIGSEGV and the like), with the test's frames only."""
+    """A process's "Fatal Python error" (SIGSEGV and the like), with the test's frames only;
+    and what C++ said as it terminated (``terminate called ...`` / ``what(): ...``)."""
     at = stderr.find("Fatal Python error:")
     if at < 0:
         return []
     block = stderr[at:]
     first = block.splitlines()[0]
+    cause = [
+        ln.strip() for ln in stderr[:at].splitlines()[-6:] if ln.lstrip().startswith(("terminate called", "what():"))
+    ]
     stacks = parse_stacks(block)
-    lines = [first]
-    for t in stacks.threads:
-        if t.current or len(stacks.threads) == 1:
-            lines.extend(format_stack(t, "in the thread that crashed"))
+    lines = [first, *cause]
+    crashed = [t for t in stacks.threads if t.current or len(stacks.threads) == 1]
+    for t in crashed:
+        lines.extend(format_stack(t, "in the thread that crashed"))
+    if not crashed and stacks.threads:
+        # it crashed in a thread Python does not know (gloo's, a C++ worker's): where the test was
+        main = stacks.main(None)
+        if main is not None and trim_harness(main.frames):
+            lines.extend(format_stack(main, "it crashed in a native thread; the main thread was at"))
     return lines

@@ -8,7 +8,7 @@ import sys
 import time
 
 from pytest_ddphooks.launch import procs
-from pytest_ddphooks.stacks import dump_stacks
+from pytest_ddphooks.stacks import dump_stacks, fatal_error
 
 ANSWERS = """
 import faulthandler, signal, sys, time
@@ -75,3 +75,41 @@ def test_a_dump_kept_armed_survives_code_that_puts_every_handler_back(tmp_path) 
         assert ("alive" in done.stdout) is alive, (how, done.returncode, done.stderr[-500:])
         if alive:
             assert "asked_after_the_restore" in path.read_text()
+
+
+def test_a_crash_in_a_native_thread_says_what_cpp_said_and_where_the_main_thread_was(tmp_path) -> None:
+    test_file = tmp_path / "test_grads.py"
+    test_file.write_text("def test_grads():\n    dist.all_reduce(grad)\n")
+    stderr = (
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        "  what():  [enforce fail at pair.cc:456] Received data size doesn't match expected size.\n"
+        "Fatal Python error: Aborted\n\n"
+        "Thread 0x00007f07bebff6c0 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run\n\n'
+        "Thread 0x00007f07de9f9b80 (most recent call first):\n"
+        f'  File "{test_file}", line 2 in test_grads\n'
+    )
+    lines = fatal_error(stderr)
+    assert lines[:3] == [
+        "Fatal Python error: Aborted",
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        "what():  [enforce fail at pair.cc:456] Received data size doesn't match expected size.",
+    ]
+    assert lines[3] == "it crashed in a native thread; the main thread was at (most recent call last):"
+    assert lines[4].endswith('test_grads.py", line 2, in test_grads')
+    assert lines[5] == "    dist.all_reduce(grad)"
+
+
+def test_a_crash_in_a_python_thread_shows_that_thread_only() -> None:
+    stderr = (
+        "Fatal Python error: Segmentation fault\n\n"
+        "Thread 0x0002 (most recent call first):\n"
+        '  File "/srv/other.py", line 5 in idle\n\n'
+        "Current thread 0x0001 (most recent call first):\n"
+        '  File "/srv/crash.py", line 3 in crash\n'
+    )
+    lines = fatal_error(stderr)
+    assert lines[0] == "Fatal Python error: Segmentation fault"
+    assert lines[1] == "in the thread that crashed (most recent call last):"
+    assert "native thread" not in "\n".join(lines)
+    assert not any("other.py" in ln for ln in lines)

@@ -206,13 +206,13 @@ class Timeline:
         __tracebackhide__ = True
         name_a, ranks_a, first = self._select(a)
         name_b, ranks_b, then = self._select(b)
-        for name, ranks, found in ((name_a, ranks_a, first), (name_b, ranks_b, then)):
+        for selector, name, ranks, found in ((a, name_a, ranks_a, first), (b, name_b, ranks_b, then)):
             absent = _absent_on(ranks, found) if found else ranks
             if not found or absent:
                 # a rank named in the selector must have the event: skipping it would prove nothing
                 self._fail(
                     f"{a!r} does not happen before {b!r}: no {name!r} was recorded on {_where(absent)}"
-                    + self._absence_hint(name, absent)
+                    + self._absence_hint(name, absent, selector)
                 )
         bad = self._violations(first, then)
         if not bad:
@@ -229,9 +229,15 @@ class Timeline:
             lines.append(f"  ... and {len(bad) - 3} more pairs")
         self._fail("\n".join(lines), highlights)
 
-    def _absence_hint(self, name: str, ranks: Iterable[int] | None) -> str:
+    def _absence_hint(self, name: str, ranks: Iterable[int] | None, selector: str = "") -> str:
         """Why a selector found nothing, when it is a mistake: a rank the timeline does not
-        have, or what looks like a rank list after '@' that is not one."""
+        have, what looks like a rank list after '@' that is not one, or an event whose own
+        name ends like a rank list."""
+        if ranks is not None and selector and self.spans(selector):
+            return (
+                f" (an event named {selector!r} was recorded: the last '@' starts the ranks, so it is"
+                f" selected as {selector + '@0'!r}, {selector + '@0,1'!r}, ...)"
+            )
         unknown = [r for r in ranks or () if r not in self._by_rank]
         if unknown:
             return f" (this timeline has {_where(tuple(self.ranks))}; no rank {','.join(map(str, unknown))})"

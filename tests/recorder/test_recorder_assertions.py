@@ -377,3 +377,20 @@ def test_events_on_two_threads_of_one_rank_are_said_to_be_unordered_threads() ->
     text = message(err)
     assert "on different threads of rank 0 (lane 1, lane 0): what orders threads of one process" in text
     assert "took part in no collective" not in text
+
+
+def test_an_event_whose_name_ends_like_a_rank_list_is_said_how_to_select() -> None:
+    sim = Sim(2)
+    for r in range(2):
+        sim.mark(r, "epoch@1")
+    sim.barrier_all()
+    for r in range(2):
+        sim.call(r, "train")
+    tl = sim.timeline()
+    with pytest.raises(TimelineAssertionError) as err:
+        tl.assert_happens_before("epoch@1", "train")
+    assert message(err).endswith(
+        "no 'epoch' was recorded on rank 1 (an event named 'epoch@1' was recorded: the last '@' starts the ranks,"
+        " so it is selected as 'epoch@1@0', 'epoch@1@0,1', ...)"
+    )
+    tl.assert_happens_before("epoch@1@0,1", "train")

@@ -243,3 +243,28 @@ def test_every_failed_test_gets_a_trace_file_of_its_own(inner, pytester) -> None
         assert len(name) < 130
         with open(traces / name) as f:
             assert json.load(f)["traceEvents"]
+
+
+def test_xfail_raises_matches_an_exception_class_defined_in_the_test(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.xfail(raises=TypeError)
+        @pytest.mark.multirank(world_size=2)
+        def test_local_subclass(rank):
+            class ShapeError(TypeError):
+                pass
+            raise ShapeError("bad shape")
+
+        @pytest.mark.xfail(raises=ValueError)
+        @pytest.mark.multirank(world_size=2)
+        def test_local_subclass_of_another(rank):
+            class ShapeError(TypeError):
+                pass
+            raise ShapeError("bad shape")
+        """
+    )
+    ran.result.assert_outcomes(xfailed=1, failed=1)
+    ran.lines("FAILED test_inner.py::test_local_subclass_of_another - ranks 0,1 failed*")
+    ran.lines("*ShapeError: bad shape")

@@ -251,6 +251,8 @@ class Timeline:
     def _explain(self, x: Span, y: Span) -> list[str]:
         if x.end is None:
             return [f"{x.name} on rank {x.rank} (event #{x.start.index}) never ended"]
+        if x is y:
+            return [f"{x.name} on rank {x.rank} (event #{x.start.index}) is both: nothing happens before itself"]
         head = (
             f"{x.name} ended on rank {x.rank} (event #{x.end.index}) and "
             f"{y.name} started on rank {y.rank} (event #{y.start.index})"

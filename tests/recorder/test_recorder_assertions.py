@@ -394,3 +394,9 @@ def test_an_event_whose_name_ends_like_a_rank_list_is_said_how_to_select() -> No
         " so it is selected as 'epoch@1@0', 'epoch@1@0,1', ...)"
     )
     tl.assert_happens_before("epoch@1@0,1", "train")
+
+
+def test_an_event_asked_to_happen_before_itself_is_said_so() -> None:
+    with pytest.raises(TimelineAssertionError) as err:
+        two_ranks().assert_happens_before("setup@0", "setup@0")
+    assert "setup on rank 0 (event #0) is both: nothing happens before itself" in message(err)

@@ -89,6 +89,7 @@ class RunFailure:
     duration: float
     culprits: list[int]  # the ranks at the root of it
     mismatches: list[Mismatch] = field(default_factory=list)
+    paired_across_hooks: str | None = None  # a collective entered in different hooks, maybe mispaired
     failures: list[RankFailure] = field(default_factory=list)
     outcomes: dict[int, str] = field(default_factory=dict)  # rank -> outcome of its test, where it finished
     ranks: dict[int, RankState] = field(default_factory=dict)  # every rank when stuck, else the stopped ones
@@ -428,6 +429,9 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
         duration=report.duration,
         culprits=culprits,
         mismatches=mismatches,
+        paired_across_hooks=(
+            timeline.entered_in_different_hooks() if timeline is not None and cause in (DESYNC, HANG, STALL) else None
+        ),
         failures=failures,
         outcomes={r: res.outcome for r, res in report.results.items()},
         ranks=states,
@@ -734,6 +738,8 @@ def attempt_summary(report: RunReport, attempt: int) -> str:
 def render(f: RunFailure) -> Rendered:
     lines: list[str] = [*f.schedule, *f.attempts, *([""] if f.attempts else [])]
     lines.extend(f"desync: {m}" for m in f.mismatches)
+    if f.paired_across_hooks:
+        lines.append(f"note: {f.paired_across_hooks}")
     lines.extend(f.unfired)
     lines.extend(f.injections)
     if f.stuck:

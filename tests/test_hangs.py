@@ -283,6 +283,37 @@ def test_timeline_against_a_collective_is_a_deadlock_said_early(inner) -> None:
     assert ran.seconds < 30
 
 
+def test_a_barrier_paired_across_hooks_is_pointed_out(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        class Trainer:
+            def setup(self):
+                dist.barrier()
+
+            def teardown(self):
+                dist.barrier()
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_extra_barrier_on_rank0(rank, recorder):
+            trainer = recorder.instrument(Trainer(), "setup", "teardown")
+            if rank == 0:
+                trainer.setup()
+            trainer.teardown()
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "note: barrier #1 on the default group was entered in different hooks (rank 0 in Trainer.setup, rank 1 in"
+        " Trainer.teardown): gloo takes any two barrier calls of one shape as one, so these may be two different"
+        " ones, paired",
+        "hang: the ranks were stopped after * s, not at the 60 s limit: they wait for ranks that finished the test",
+        "  rank 1 finished the test without calling barrier #2 on the default group; rank 0 waits in it",
+    )
+
+
 def test_a_native_call_cut_short_by_the_stack_dump_is_still_the_hang(inner) -> None:
     # PyDLL keeps the GIL through libc's sleep, which the stack dump's signal interrupts: the
     # body then runs on, and what it does after it was stopped must not be taken as its result

@@ -546,6 +546,35 @@ class Timeline:
         out.sort(key=lambda m: (m.seq, m.group))
         return out
 
+    def entered_in_different_hooks(self) -> str | None:
+        """The first collective (in time) whose members entered it inside different
+        instrumented calls: gloo takes any two barriers (or two all-reduces of one shape) as
+        one, so two different ones may have been paired, and the ranks one apart since."""
+        hook: dict[tuple[int, int], str] = {}  # (rank, event index) -> the innermost call around it
+        for rank, evs in self._by_rank.items():
+            open_calls: dict[int, list[Event]] = {}  # lane -> the calls open on it
+            for e in evs:
+                stack = open_calls.setdefault(e.lane, [])
+                if e.kind in (events.CALL, events.BARRIER):
+                    if e.phase == events.START:
+                        stack.append(e)
+                    elif stack and stack[-1].call_id == e.call_id:
+                        stack.pop()
+                elif e.kind == events.COLLECTIVE and e.phase == events.START and stack:
+                    hook[(rank, e.index)] = str(stack[-1].info.get("qualname") or stack[-1].name)
+        insts = [i for i in self.instances.values() if i.key[0] == "c" and len(i.starts) > 1]
+        for inst in sorted(insts, key=lambda i: min(e.t_ns for e in i.starts.values())):
+            where = {r: hook.get((r, e.index)) for r, e in sorted(inst.starts.items())}
+            if None in where.values() or len(set(where.values())) < 2:
+                continue
+            label = collectives.group_label(inst.group, list(inst.members))
+            entered = ", ".join(f"rank {r} in {name}" for r, name in where.items())
+            return (
+                f"{inst.label()} on {label} was entered in different hooks ({entered}): gloo takes any two"
+                f" {inst.op} calls of one shape as one, so these may be two different ones, paired"
+            )
+        return None
+
     def assert_collectives_match(self) -> None:
         __tracebackhide__ = True
         found = self.collective_mismatches()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from synth import Sim
 
-from pytest_ddphooks.recorder import Mismatch, Timeline, TimelineAssertionError
+from pytest_ddphooks.recorder import Mismatch, Timeline, TimelineAssertionError, events
 from pytest_ddphooks.recorder.timeline import parse_selector
 
 
@@ -400,3 +400,30 @@ def test_an_event_asked_to_happen_before_itself_is_said_so() -> None:
     with pytest.raises(TimelineAssertionError) as err:
         two_ranks().assert_happens_before("setup@0", "setup@0")
     assert "setup on rank 0 (event #0) is both: nothing happens before itself" in message(err)
+
+
+def test_a_collective_entered_in_different_hooks_is_pointed_out() -> None:
+    sim = Sim(2)
+    sim.coll("barrier")  # entered outside any hook: says nothing
+    with sim.span(0, "Model.setup"):
+        a = sim.cstart(0, "barrier")
+    with sim.span(1, "DDPStrategy.barrier", events.BARRIER):
+        b = sim.cstart(1, "barrier")
+    sim.cend(a)
+    sim.cend(b)
+    assert sim.timeline().entered_in_different_hooks() == (
+        "barrier #2 on the default group was entered in different hooks (rank 0 in Model.setup, rank 1 in"
+        " DDPStrategy.barrier): gloo takes any two barrier calls of one shape as one, so these may be two"
+        " different ones, paired"
+    )
+
+
+def test_a_collective_entered_in_the_same_hook_is_not_pointed_out() -> None:
+    sim = Sim(2)
+    handles = {}
+    for r in range(2):
+        with sim.span(r, "Trainer.fit"):
+            handles[r] = sim.cstart(r, "barrier")
+    for h in handles.values():
+        sim.cend(h)
+    assert sim.timeline().entered_in_different_hooks() is None

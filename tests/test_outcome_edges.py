@@ -268,3 +268,116 @@ def test_xfail_raises_matches_an_exception_class_defined_in_the_test(inner) -> N
     ran.result.assert_outcomes(xfailed=1, failed=1)
     ran.lines("FAILED test_inner.py::test_local_subclass_of_another - ranks 0,1 failed*")
     ran.lines("*ShapeError: bad shape")
+
+
+def test_only_plain_autouse_values_travel_for_item_funcargs(inner, pytester) -> None:
+    pickled = pytester.path / "pickled"
+    pytester.makeconftest(
+        f"""
+        import pytest
+
+        class Costly:
+            def __reduce__(self):
+                with open({str(pickled)!r}, "a") as f:
+                    f.write("pickled\\n")
+                return (Costly, ())
+
+        @pytest.fixture(scope="session")
+        def dataset():
+            return Costly()
+
+        @pytest.fixture
+        def model(dataset):
+            return 1
+
+        @pytest.fixture(autouse=True)
+        def registry_entry():
+            return Costly()  # not plain data: never sent, never needed
+
+        @pytest.fixture(autouse=True)
+        def backend():
+            return ("asyncio", {{"debug": True}})
+        """
+    )
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_it(rank, model, request):
+            assert model == 1
+            assert request.node.funcargs["backend"] == ("asyncio", {"debug": True})
+            assert "registry_entry" not in request.node.funcargs
+            assert "dataset" not in request.node.funcargs
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+    assert not pickled.exists(), "a value the ranks never ask for was pickled"
+
+
+def test_pytest_timeout_func_only_leaves_the_fixtures_unlimited(inner) -> None:
+    ran = inner(
+        """
+        import time
+        import pytest
+
+        @pytest.fixture
+        def slow_teardown():
+            yield
+            time.sleep(2.5)
+
+        @pytest.mark.timeout(1.5, func_only=True)
+        @pytest.mark.multirank(world_size=2)
+        def test_multirank(rank, slow_teardown):
+            pass
+        """
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_a_timer_a_fixture_runs_survives_the_limit_of_the_fixtures(inner) -> None:
+    ran = inner(
+        """
+        import signal
+        import time
+        import pytest
+
+        @pytest.fixture(scope="session")
+        def sampler():
+            ticks = []
+            signal.signal(signal.SIGALRM, lambda *_: ticks.append(1))
+            signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+            yield ticks
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+        @pytest.fixture
+        def own_handler():
+            signal.signal(signal.SIGALRM, lambda *_: pytest.fail("a timer nobody set called this"))
+            yield
+
+        def test_first(sampler):
+            pass
+
+        @pytest.mark.multirank(world_size=2, timeout=30)
+        def test_multirank(rank, sampler):
+            pass
+
+        def test_plain_after(sampler):
+            before = len(sampler)
+            time.sleep(0.5)
+            assert len(sampler) > before, "the session's interval timer was stopped"
+
+        def test_stop_sampler(sampler):
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+        @pytest.mark.multirank(world_size=2, timeout=1)
+        def test_handler_without_timer(rank, own_handler):
+            pass
+
+        def test_nothing_fires_later():
+            time.sleep(1.5)
+        """,
+        "-p",
+        "no:randomly",
+    )
+    ran.result.assert_outcomes(passed=6)

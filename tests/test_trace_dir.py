@@ -100,3 +100,20 @@ def test_a_hung_collective_lasts_until_the_ranks_were_stopped(inner, tmp_path) -
     # it lasts until the stop (the limit, 2 s, less the rank's start), not until the last event
     assert barrier["ts"] + barrier["dur"] == pytest.approx(stopped["ts"], abs=0.01)
     assert barrier["dur"] > 1_000_000
+
+
+def test_ids_that_flatten_alike_get_a_trace_file_each(pytester, tmp_path) -> None:
+    failing = """
+import pytest
+
+@pytest.mark.multirank(world_size=2)
+def test_y(rank):
+    assert rank == 0
+"""
+    (pytester.path / "sub").mkdir()
+    (pytester.path / "sub" / "test_x.py").write_text(failing)
+    (pytester.path / "sub_test_x.py").write_text(failing)
+    traces = tmp_path / "traces"
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--ddp-trace-dir={traces}", "sub/test_x.py", "sub_test_x.py")
+    result.assert_outcomes(failed=2)
+    assert len(list(traces.iterdir())) == 2

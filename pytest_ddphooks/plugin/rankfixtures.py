@@ -9,7 +9,6 @@ declared scope (a value that differs per rank cannot be shared).
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import io
 import pickle
@@ -161,14 +160,32 @@ def pickle_values(item: pytest.Function, names: list[str]) -> dict[str, bytes]:
             out[name] = _to_ranks(item.funcargs[name])
         except Exception as exc:
             raise FixtureNotSendable(name, f"{type(exc).__name__}: {exc}", _kind_of(item, name)) from None
-    # what else pytest set up for the item (autouse, usefixtures): a plugin's pytest_pyfunc_call
-    # may read it from ``item.funcargs`` (anyio's ``anyio_backend``); one that cannot travel is
-    # simply absent there, as nothing in the rank asks for it by name
-    for name in item.fixturenames:
-        if name in item.funcargs and name not in out and name not in names and name not in RANK_RESOLVED:
-            with contextlib.suppress(Exception):
-                out[name] = _to_ranks(item.funcargs[name])
+    # the values of the autouse and usefixtures fixtures the test does not name: a plugin's
+    # pytest_pyfunc_call may read them from ``item.funcargs`` (anyio's ``anyio_backend``, a
+    # name or a tuple of options). Only plain data travels: anything else (a dataset, an object
+    # whose pickling does work or cannot be undone in a rank) is simply absent there, as
+    # nothing in the rank asks for it by name
+    for name in item._fixtureinfo.initialnames:
+        if name in item.funcargs and name not in out and name not in RANK_RESOLVED and _plain(item.funcargs[name]):
+            out[name] = _to_ranks(item.funcargs[name])
     return out
+
+
+def _plain(value: Any, budget: list[int] | None = None) -> bool:
+    """None, bools, numbers, short strings and bytes, and small tuples, lists and dicts of them."""
+    budget = [1000] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, (str, bytes)):
+        return len(value) <= 65536
+    if type(value) in (tuple, list):
+        return all(_plain(v, budget) for v in value)
+    if type(value) is dict:
+        return all(isinstance(k, str) and _plain(v, budget) for k, v in value.items())
+    return False
 
 
 # each test class's attributes as the rank launcher's copy of the session has them (it is

@@ -178,7 +178,8 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
             highlights=[h for res in report.results.values() for h in res.highlights],
         )
     if verdict.failure is not None and settings.trace_dir and report.timeline is not None:
-        target = os.path.join(settings.trace_dir, trace_file_name(item.nodeid))
+        taken = item.config.stash.setdefault(_TRACE_NAMES_KEY, {})
+        target = os.path.join(settings.trace_dir, trace_file_name(item.nodeid, taken))
         try:
             path = report.timeline.to_chrome_trace(target, stopped_ns=report.stopped_at_ns)
         except OSError as exc:  # the test's own failure is what the report is about
@@ -193,11 +194,18 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:120]
 
 
-def trace_file_name(nodeid: str) -> str:
+_TRACE_NAMES_KEY = pytest.StashKey[dict[str, str]]()  # trace file name -> the test id it holds
+
+
+def trace_file_name(nodeid: str, taken: dict[str, str]) -> str:
     """The trace file of a test: its id, flattened; where flattening could make two ids one
-    (``[a/b]`` and ``[a_b]``, a long id cut short), a hash of the whole id follows."""
-    plain = nodeid.replace("::", "_").replace("/", "_")
-    if len(plain) <= 120 and re.fullmatch(r"[A-Za-z0-9_.-]+", plain):
-        return plain + ".json"
-    digest = hashlib.sha1(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    return f"{safe_name(nodeid)[:100]}-{digest}.json"
+    (``[a/b]`` and ``[a_b]``, a long id cut short, ``sub/test_x.py`` and ``sub_test_x.py``
+    in one session: ``taken``), a hash of the whole id follows."""
+    plain = nodeid.replace("::", "_").replace("/", "_") + ".json"
+    if len(plain) <= 125 and re.fullmatch(r"[A-Za-z0-9_.-]+", plain) and taken.get(plain, nodeid) == nodeid:
+        name = plain
+    else:
+        digest = hashlib.sha1(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        name = f"{safe_name(nodeid)[:100]}-{digest}.json"
+    taken[name] = nodeid
+    return name

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -35,6 +36,8 @@ class TimeoutHooks:
         # timed here, across the ranks or around the special test's interpreter:
         # pytest-timeout never kills the pytest process for it
         item.stash[TIMEOUT_KEY] = float(settings.timeout)
+        if getattr(settings, "func_only", False):
+            item.stash[FUNC_ONLY_KEY] = True  # its limit is the call's only: not the fixtures'
         if thread:
             item.stash[THREAD_TIMEOUT_KEY] = True
         run = item.stash.get(RUN_KEY, None)
@@ -71,6 +74,8 @@ def pytest_side_limit(item: pytest.Item) -> tuple[float, str] | None:
     run = item.stash.get(RUN_KEY, None)
     if run is None or rankbody.in_rank or (is_special(item) and not runs_here(item)):
         return None
+    if item.stash.get(FUNC_ONLY_KEY, False):
+        return None
     if TIMEOUT_KEY in item.stash and item.stash[TIMEOUT_KEY] > 0:
         return item.stash[TIMEOUT_KEY], "pytest-timeout"
     if run.spec.timeout is not None:
@@ -78,10 +83,18 @@ def pytest_side_limit(item: pytest.Item) -> tuple[float, str] | None:
     return None
 
 
+FUNC_ONLY_KEY = pytest.StashKey[bool]()  # pytest-timeout limits only the test's call
+
+
 @contextlib.contextmanager
 def _limited(item: pytest.Item, phase: str) -> Iterator[None]:
     limit = pytest_side_limit(item)
-    if limit is None or not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+    if (
+        limit is None
+        or not hasattr(signal, "SIGALRM")
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0)  # the alarm is someone else's now
+    ):
         yield
         return
     seconds, whose = limit
@@ -96,8 +109,15 @@ def _limited(item: pytest.Item, phase: str) -> Iterator[None]:
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    armed = time.monotonic()
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        left, interval = signal.getitimer(signal.ITIMER_REAL)
+        ours = interval == 0 and abs(left - (seconds - (time.monotonic() - armed))) < 0.05
+        if signal.getsignal(signal.SIGALRM) is expired:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        elif ours:  # a fixture set its own handler but no timer: ours must not call it later
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        # else a fixture took the alarm over (its handler, its timer): both stay its own

@@ -18,7 +18,7 @@ from .recorder import collectives, events
 from .recorder.clocks import collective_key
 from .recorder.timeline import Mismatch, Span, Timeline
 from .report import RankExit, RankResult, RunReport
-from .stacks import Frame, Stacks, ThreadStack, fatal_error, format_stack, user_frame
+from .stacks import Frame, Stacks, ThreadStack, fatal_error, format_stack, installed, project_frame, user_frame
 
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed")
 
@@ -61,6 +61,7 @@ class RankState:
     hooks: str = ""  # the calls it was inside: "Trainer.fit > Strategy.barrier"
     blocked: Blocked | None = None
     frame: Frame | None = None  # the innermost line of user code it was at
+    caller: Frame | None = None  # where the user's project called the installed package ``frame`` is in
     exit: RankExit | None = None
     last: str = ""  # its last recorded event, for a rank that cannot show its stack
     injected: str = ""  # "killed by the injected fault kill(at=...) at event #14"
@@ -243,6 +244,7 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     stacks = report.stacks.get(rank)
     stack = stacks.main(report.thread_idents.get((rank, 0))) if stacks is not None else None
     frame = user_frame(stack) if stack is not None else None
+    caller = project_frame(stack) if stack is not None and frame is not None and installed(frame.path) else None
     state = (
         "frozen"
         if rank in report.frozen
@@ -257,7 +259,15 @@ def rank_state(report: RunReport, rank: int) -> RankState:
         seen = timeline.for_rank(rank)
         last = seen[-1].describe() if seen else "nothing recorded"
     return RankState(
-        rank, state, reason=reason, hooks=_hooks(spans), blocked=blocked, frame=frame, last=last, injected=injected
+        rank,
+        state,
+        reason=reason,
+        hooks=_hooks(spans),
+        blocked=blocked,
+        frame=frame,
+        caller=caller,
+        last=last,
+        injected=injected,
     )
 
 
@@ -561,6 +571,8 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
         lines.append(f"{head}{'still running' if stuck else 'running'}{where}")
     if s.frame is not None:
         lines.append(f"  {'stuck at' if stuck else 'at'} {s.frame.describe()}")
+    if s.caller is not None:
+        lines.append(f"    called from {s.caller.describe()}")
     return lines
 
 

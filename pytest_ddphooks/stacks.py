@@ -165,6 +165,21 @@ def user_frame(stack: ThreadStack) -> Frame | None:
     return None
 
 
+def project_frame(stack: ThreadStack) -> Frame | None:
+    """Where the user's own project called into an installed package (Lightning's barrier
+    from the user's hook): the innermost frame outside every installed package and library."""
+    for frame in stack.frames:
+        if not is_library(frame.path) and not installed(frame.path):
+            return frame
+    return None
+
+
+def installed(path: str) -> bool:
+    """A file of a package pip installed (site-packages, dist-packages)."""
+    parts = os.path.abspath(path).split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts
+
+
 def rel_path(path: str) -> str:
     try:
         rel = os.path.relpath(path)

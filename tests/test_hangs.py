@@ -314,6 +314,37 @@ def test_a_barrier_paired_across_hooks_is_pointed_out(inner) -> None:
     )
 
 
+def test_a_hang_inside_an_installed_framework_names_the_users_call_into_it(inner, pytester) -> None:
+    framework = pytester.path / "venv" / "site-packages" / "fakefw"
+    framework.mkdir(parents=True)
+    (framework / "__init__.py").write_text("import torch.distributed as dist\n\n\ndef barrier():\n    dist.barrier()\n")
+    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(framework.parent)!r})\n")
+    ran = inner(
+        """
+        import time
+        import pytest
+        import fakefw
+
+        def setup():
+            fakefw.barrier()
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_framework_barrier(rank):
+            if rank == 0:
+                setup()
+            else:
+                time.sleep(100)
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "  rank 0: blocked in barrier #1 on the default group for * s",
+        "    ranks that never entered barrier #1: 1",
+        "    stuck at *site-packages/fakefw/__init__.py:5 in barrier: dist.barrier()",
+        "      called from test_inner.py:6 in setup: fakefw.barrier()",
+    )
+
+
 def test_a_native_call_cut_short_by_the_stack_dump_is_still_the_hang(inner) -> None:
     # PyDLL keeps the GIL through libc's sleep, which the stack dump's signal interrupts: the
     # body then runs on, and what it does after it was stopped must not be taken as its result

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from xml.etree import ElementTree
+
 import pytest
 
 BODY = """
@@ -92,3 +94,25 @@ def test_an_xdist_controller_leaves_torch_to_the_workers_that_run_tests(
     result.assert_outcomes(passed=1)
     seen = {path.name: path.read_text() for path in pytester.path.glob("torch-*.txt")}
     assert seen == {"torch-controller.txt": "False", "torch-gw0.txt": "True", "torch-gw1.txt": "True"}
+
+
+def test_without_pytests_terminal_a_multirank_test_still_passes(pytester) -> None:
+    pytester.makepyfile(
+        test_quiet="""
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=30)
+        def test_all_reduce(rank, world_size):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == world_size
+        """
+    )
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess("-p", "no:terminal", "-p", "no:cacheprovider", f"--junitxml={junit}")
+    assert result.ret == 0, junit.read_text()
+    suite = ElementTree.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("1", "0", "0")

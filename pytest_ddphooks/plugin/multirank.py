@@ -41,6 +41,7 @@ from .notices import warn_at
 from .reports import MultirankFailed, fail_with, keep_artifacts, raise_verdict, relay_warnings, safe_name
 from .session import DdpSession
 from .special import runs_here
+from .terminal import terminal_markup, terminal_writer
 
 
 @dataclass
@@ -188,7 +189,7 @@ class MultirankHooks:
     def _start_ranks(
         self, item: pytest.Function, run: MultirankRun, active: _Active, values: Any, instance: Any
     ) -> None:
-        markup = bool(self.config.get_terminal_writer().hasmarkup)
+        markup = terminal_markup(self.config)
         node_dirs = self._node_dirs(item, run)
         payload = rankbody.ItemPayload(item.nodeid, values, instance, node_dirs, markup, run.dependent)
         settings = self.ddp.settings
@@ -313,12 +314,14 @@ class MultirankHooks:
             if hasattr(self.config, "workerinput"):
                 debugger.refuse(path)  # an xdist worker has no terminal
                 return
-            writer = self.config.get_terminal_writer()
-            writer.line()
-            writer.sep(">", f"rank {rank} has the terminal")
+            writer = terminal_writer(self.config)
+            if writer is not None:
+                writer.line()
+                writer.sep(">", f"rank {rank} has the terminal")
             debugger.relay(path, sys.stdin, sys.stdout)
-            writer.line()
-            writer.sep("<", f"rank {rank} gave the terminal back")
+            if writer is not None:
+                writer.line()
+                writer.sep("<", f"rank {rank} gave the terminal back")
         finally:
             if capman is not None:
                 capman.resume_global_capture()

@@ -51,6 +51,7 @@ from .markers import RUN_KEY
 from .rankbody import outcome_of
 from .reports import fail_with, keep_artifacts, raise_verdict
 from .session import DdpSession
+from .terminal import terminal_markup
 
 # what a test that creates its own group under torchrun is given instead of torchrun's
 _OWN_GROUP_ENV = ("MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
@@ -373,7 +374,7 @@ class SpmdHooks:
             # the body returned past its limit, once the watchdog had taken the test over: it
             # reports and ends this process; nothing more is said from here
             threading.Event().wait()
-        markup = bool(self.config.get_terminal_writer().hasmarkup)
+        markup = terminal_markup(self.config)
         result = outcome_of(item, self.rank, error, "call", time.monotonic() - started, markup)
         if error is not None:
             # a failed body's frames hold what it made (a group of its own, with its sockets):

@@ -145,7 +145,24 @@ def _gone_peer(report: RunReport, rank: int) -> int | None:
     killed = next((r for r in range(report.world_size) if r != rank and report.taken_out(r) == "kill"), None)
     first = report.first_failure
     if first is None or first == rank:
-        return killed
+        if killed is not None:
+            return killed
+        # its error came in before the end of the peer that caused it was noticed: a rank that
+        # died, else one that failed of its own (not of a peer gone too)
+        others = [r for r in range(report.world_size) if r != rank]
+        died = next((r for r in others if report.died(r)), None)
+        if died is not None:
+            return died
+        return next(
+            (
+                r
+                for r in others
+                if (res := report.results.get(r)) is not None
+                and res.outcome == "failed"
+                and not _PEER_GONE.search(res.message)
+            ),
+            None,
+        )
     first_result = report.results.get(first)
     if killed is not None and first_result is not None and _PEER_GONE.search(first_result.message):
         return killed  # the first to fail only lost its peer too: the killed one went first

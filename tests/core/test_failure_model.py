@@ -67,6 +67,23 @@ def test_a_rank_that_failed_because_its_peer_went_away_is_a_consequence() -> Non
     assert "  rank 1: failed after rank 0, because its peer went away: RuntimeError: [pair.cc:553] Connection" in text
 
 
+def test_a_peers_end_noticed_after_the_rank_that_lost_it_reported_is_still_the_cause() -> None:
+    gone = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:48798: Connection reset by peer"
+    died = _report(results={0: _failed(0, gone)}, first_failure=0)  # rank 0's result came in first
+    died.exits[1] = RankExit(1, 101, 3, None)
+    f = classify(died).failure
+    assert f is not None and (f.cause, f.culprits) == (DEATH, [1])
+    assert [(rf.rank, rf.how, rf.after) for rf in f.failures] == [(0, "consequence", 1), (1, "died", None)]
+    assert render(f).text.splitlines()[0] == "multirank test failed on rank 1 of 2"
+    slower = _report(results={0: _failed(0, gone), 1: _failed(1, "ValueError: bad batch")}, first_failure=0)
+    f = classify(slower).failure
+    assert f is not None and f.culprits == [1]
+    # and a failure of its own, first, stays the cause
+    own = _report(results={0: _failed(0, "ValueError: bad batch"), 1: _failed(1, gone)}, first_failure=0)
+    f = classify(own).failure
+    assert f is not None and f.culprits == [0]
+
+
 def test_ranks_that_lost_a_peer_an_injected_fault_killed_are_its_consequences() -> None:
     gone = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1234"
     report = _report(

@@ -32,14 +32,19 @@ KINDS = {
 MAX_STATIC_SPANS = 3000  # beyond this the pytest-html extra shows the first ones and says so
 
 
-def timeline_view(timeline: Timeline | None) -> dict[str, Any]:
-    """The timeline as compact arrays: names once, times in microseconds from the first event."""
+def timeline_view(timeline: Timeline | None, started_ns: int = 0, stopped_ns: int = 0) -> dict[str, Any]:
+    """The timeline as compact arrays: names once, times in microseconds from the first event,
+    or from the test's start (``started_ns``) where ranks set up ahead of it waited for it (what
+    they did before shows at the left edge); a call never left lasts until ``stopped_ns``."""
     if timeline is None or not timeline.events:
         return {"lanes": [], "names": [], "spans": [], "colls": [], "t1": 0.0}
     t0 = min(e.t_ns for e in timeline.events)
+    if started_ns:
+        t0 = max(t0, min((e.t_ns for e in timeline.events if e.t_ns >= started_ns), default=t0))
+    t_last = max(max(e.t_ns for e in timeline.events), stopped_ns)
 
     def us(t_ns: int) -> float:
-        return round((t_ns - t0) / 1000.0, 1)
+        return max(round((t_ns - t0) / 1000.0, 1), 0.0)
 
     names: dict[str, int] = {}
     lanes = sorted({(e.rank, e.lane) for e in timeline.events})
@@ -54,7 +59,7 @@ def timeline_view(timeline: Timeline | None) -> dict[str, Any]:
                 KINDS.get(s.kind, 0),
                 name_id,
                 us(s.start.t_ns),
-                None if end is None else us(end.t_ns),
+                None if end is None else us(end.t_ns),  # never ended: drawn to t1, the stop
                 s.start.index,
                 None if end is None else end.index,
                 _detail(s.start.info),
@@ -74,7 +79,7 @@ def timeline_view(timeline: Timeline | None) -> dict[str, Any]:
         "names": list(names),
         "spans": spans,
         "colls": colls,
-        "t1": us(max(e.t_ns for e in timeline.events)),
+        "t1": us(t_last),
     }
 
 
@@ -94,6 +99,8 @@ def multirank_view(
     outputs: Mapping[int, tuple[str, str]] = {},
     failures: Mapping[int, str] = {},
     highlights: Iterable[dict[str, Any]] = (),
+    started_ns: int = 0,
+    stopped_ns: int = 0,
 ) -> dict[str, Any]:
     """What the page shows of one multirank test; the outcome comes from its reports."""
     ranks = []
@@ -105,7 +112,7 @@ def multirank_view(
         "id": nodeid,
         "world": world_size,
         "ranks": ranks,
-        "timeline": timeline_view(timeline),
+        "timeline": timeline_view(timeline, started_ns, stopped_ns),
         "highlights": list(unique.values()),
         "outcome": "",
         "duration": 0.0,

@@ -123,6 +123,7 @@ class RunReport:
     began_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its recorder began (time_ns)
     ended_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its body had ended (time_ns)
     duration: float = 0.0
+    started_ns: int = 0  # when the run was handed to its ranks (time_ns)
     stopped_at_ns: int = 0
     prepared: bool = False  # the ranks were set up before the test came (``--ddp-prepare``)
 

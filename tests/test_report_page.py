@@ -244,3 +244,21 @@ def test_pytest_html_reports_carry_the_timeline_of_failed_multirank_tests(pytest
     result.assert_outcomes(failed=1, passed=2)
     text = page.read_text()
     assert text.count("ddphooks-timeline") == 1, "the failed multirank test, and only it"
+
+
+def test_a_hung_call_lasts_until_the_stop_and_waiting_ahead_of_the_test_is_cut() -> None:
+    sim = Sim(2)
+    sim.coll("barrier")  # prepared ranks: set up long before the test came
+    sim.t += 3_000_000_000
+    started = sim.t
+    sim.mark(0, "go")
+    hung = sim.cstart(0, "all_reduce")
+    stopped = sim.t + 2_000_000_000
+    view = multirank_view("t.py::t", sim.timeline(), world_size=2, started_ns=started, stopped_ns=stopped)["timeline"]
+    assert view["t1"] == 2_000_001.0  # microseconds from the test's first event to the stop
+    names = view["names"]
+    (span,) = [s for s in view["spans"] if names[s[2]] == "dist.all_reduce"]
+    assert span[3] == 1.0 and span[4] is None  # never ended: drawn to t1
+    before = [s for s in view["spans"] if names[s[2]] == "dist.barrier"]
+    assert before and all(s[3] == 0.0 and s[4] == 0.0 for s in before)  # what came before sits at 0
+    assert hung.name == "dist.all_reduce"

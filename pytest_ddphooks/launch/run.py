@@ -94,6 +94,7 @@ class RunWatch:
 
     def start(self) -> None:
         self._started = time.monotonic()
+        self.report.started_ns = time.time_ns()
         self.pids, self.report.prepared = self.launcher.spawn(self.job)
         self._deadline = self._started + self.job.timeout
         self._next_poll = self._started + self.poll

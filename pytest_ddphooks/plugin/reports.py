@@ -176,6 +176,8 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
             outputs=report.outputs,
             failures={r: res.longrepr for r, res in report.results.items() if res.outcome == "failed"},
             highlights=[h for res in report.results.values() for h in res.highlights],
+            started_ns=report.started_ns if report.prepared else 0,
+            stopped_ns=report.stopped_at_ns,
         )
     if verdict.failure is not None and settings.trace_dir and report.timeline is not None:
         taken = item.config.stash.setdefault(_TRACE_NAMES_KEY, {})

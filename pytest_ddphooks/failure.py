@@ -737,7 +737,8 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
         return "multirank test failed", None
     first = failing[0]
     assert first.result is not None
-    message = f"rank {first.rank}: {_first(first.result.message)}"
+    # whole, as pytest's own for a plain test (junit's message); a summary line takes the first
+    message = f"rank {first.rank}: {first.result.message}"
     if len(primary) > 1:
         message = f"{ranks_words([rf.rank for rf in primary])} failed; {message}"
     return message, first.result.location if primary else None

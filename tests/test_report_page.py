@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from synth import Sim
@@ -262,3 +263,64 @@ def test_a_hung_call_lasts_until_the_stop_and_waiting_ahead_of_the_test_is_cut()
     before = [s for s in view["spans"] if names[s[2]] == "dist.barrier"]
     assert before and all(s[3] == 0.0 and s[4] == 0.0 for s in before)  # what came before sits at 0
     assert hung.name == "dist.all_reduce"
+
+
+def test_the_page_says_why_a_test_skipped_xfailed_or_also_erred_in_teardown(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_reasons="""
+        import subprocess
+        import pytest
+
+        @pytest.fixture
+        def leaves_a_process():
+            subprocess.Popen(["sleep", "100"])
+            yield
+
+        @pytest.mark.multirank(world_size=2)
+        def test_skips(rank):
+            pytest.skip("whole test skipped")
+
+        @pytest.mark.xfail(reason="known bad")
+        @pytest.mark.multirank(world_size=2)
+        def test_xfails(rank):
+            assert False
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fails_and_leaks(rank, leaves_a_process):
+            assert rank == 0
+        """
+    )
+    page = pytester.path / "report.html"
+    traces = pytester.path / "traces"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", f"--ddp-report={page}", f"--ddp-trace-dir={traces}"
+    )
+    result.assert_outcomes(skipped=1, xfailed=1, failed=1, errors=1)
+    views = {t["id"].split("::")[1]: t for t in _embedded(page)["tests"]}
+    assert views["test_skips"]["outcome"] == "skipped" and "skipped: whole test skipped" in views["test_skips"]["text"]
+    assert views["test_xfails"]["outcome"] == "xfailed" and "xfailed: known bad" in views["test_xfails"]["text"]
+    both = views["test_fails_and_leaks"]
+    assert both["outcome"] == "failed"  # its call failed; the teardown error is shown beside
+    assert "rank 1: failed: assert 1 == 0" in both["text"]
+    assert "--- teardown ---" in both["text"] and "leaked" in both["text"]
+    # a trace for the failed test, none for the one whose xfail expected its failure
+    assert [p.name for p in traces.iterdir()] == ["test_reasons.py_test_fails_and_leaks.json"]
+
+
+def test_junit_gets_a_rank_failures_whole_message(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_junit="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_two_lines(rank):
+            raise AssertionError("first line ends with colon:\\n  the real reason is here")
+        """
+    )
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={junit}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_junit.py::test_two_lines - ranks 0,1 failed; rank 0: *"])
+    failure = ElementTree.parse(junit).getroot().find(".//failure")
+    assert failure is not None
+    assert failure.get("message", "").endswith("first line ends with colon:\n  the real reason is here")

@@ -42,8 +42,10 @@ class PageHooks:
         outcome = _outcome(report)
         if _SEVERITY[outcome] > _SEVERITY.get(view.get("outcome") or "passed", 0) or not view.get("outcome"):
             view["outcome"] = outcome
-        if report.failed and not view.get("text"):
-            view["text"] = report.longreprtext
+        said = _said(report)
+        if said and said not in view.get("text", ""):
+            # a teardown error after a failed call (a leak) is shown too, under its phase
+            view["text"] = f"{view['text']}\n\n--- {report.when} ---\n{said}" if view.get("text") else said
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -58,6 +60,17 @@ class PageHooks:
         except OSError as exc:
             message = f"--ddp-report: cannot write {self.path}: {type(exc).__name__}: {exc}"
             warn_never_raising(session.config, pytest.PytestWarning(message))
+
+
+def _said(report: pytest.TestReport) -> str:
+    """What a report says a reader should see: a failure's text, a skip's or an xfail's reason."""
+    if report.failed:
+        return report.longreprtext
+    if hasattr(report, "wasxfail"):
+        return f"xfailed: {report.wasxfail}" if report.wasxfail else "xfailed"
+    if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        return f"skipped: {report.longrepr[2].removeprefix('Skipped: ')}"
+    return ""
 
 
 def _outcome(report: pytest.TestReport) -> str:

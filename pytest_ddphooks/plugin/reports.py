@@ -119,14 +119,26 @@ def _first_rank_error(failure: RunFailure, errors: list[type[BaseException]]) ->
         return None
 
 
+def _xfails(item: pytest.Item, verdict: Verdict) -> bool:
+    """The failure is one the test's ``xfail`` expects: reported as xfailed, not as failed."""
+    xfailed = item.stash.get(xfailed_key, None)
+    if xfailed is None or item.config.option.runxfail or verdict.failure is None:
+        return False
+    return xfailed.raises is None or _xfail_reason(item, _rank_errors(verdict.failure)) is not None
+
+
 def _expected_failure(item: pytest.Item, exc: MultirankFailed) -> str | None:
     """The reason of the test's ``xfail(raises=...)`` when every failing rank raised one of
     those exceptions (pytest checks ``raises`` against the exception in this process: the
     ranks' are what it means)."""
+    return _xfail_reason(item, exc.errors)
+
+
+def _xfail_reason(item: pytest.Item, errors: list[type[BaseException]]) -> str | None:
     xfailed = item.stash.get(xfailed_key, None)
-    if xfailed is None or xfailed.raises is None or item.config.option.runxfail or not exc.errors:
+    if xfailed is None or xfailed.raises is None or item.config.option.runxfail or not errors:
         return None
-    return xfailed.reason if all(issubclass(cls, xfailed.raises) for cls in exc.errors) else None
+    return xfailed.reason if all(issubclass(cls, xfailed.raises) for cls in errors) else None
 
 
 def shape_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> pytest.TestReport:
@@ -179,7 +191,12 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
             started_ns=report.started_ns if report.prepared else 0,
             stopped_ns=report.stopped_at_ns,
         )
-    if verdict.failure is not None and settings.trace_dir and report.timeline is not None:
+    if (
+        verdict.failure is not None
+        and settings.trace_dir
+        and report.timeline is not None
+        and not _xfails(item, verdict)
+    ):
         taken = item.config.stash.setdefault(_TRACE_NAMES_KEY, {})
         target = os.path.join(settings.trace_dir, trace_file_name(item.nodeid, taken))
         try:

@@ -296,6 +296,7 @@ def test_the_page_says_why_a_test_skipped_xfailed_or_also_erred_in_teardown(pyte
         "-p", "no:cacheprovider", f"--ddp-report={page}", f"--ddp-trace-dir={traces}"
     )
     result.assert_outcomes(skipped=1, xfailed=1, failed=1, errors=1)
+    result.stdout.fnmatch_lines([f"*- ddphooks report: {page} -*"])
     views = {t["id"].split("::")[1]: t for t in _embedded(page)["tests"]}
     assert views["test_skips"]["outcome"] == "skipped" and "skipped: whole test skipped" in views["test_skips"]["text"]
     assert views["test_xfails"]["outcome"] == "xfailed" and "xfailed: known bad" in views["test_xfails"]["text"]

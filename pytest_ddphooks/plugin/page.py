@@ -29,6 +29,11 @@ class PageHooks:
         self.path = ddp.settings.report
         self.views: dict[str, dict[str, Any]] = {}
         self.order: list[str] = []
+        self.written = ""
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.written:  # as pytest says where its junit file went
+            terminalreporter.write_sep("-", f"ddphooks report: {os.path.abspath(self.written)}")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         view = getattr(report, VIEW_ATTR, None)
@@ -56,7 +61,7 @@ class PageHooks:
         views = [self.views[n] for n in self.order]
         title = f"pytest-ddphooks: {len(views)} multirank tests"
         try:
-            write_report(self.path, views, title)
+            self.written = write_report(self.path, views, title)
         except OSError as exc:
             message = f"--ddp-report: cannot write {self.path}: {type(exc).__name__}: {exc}"
             warn_never_raising(session.config, pytest.PytestWarning(message))

@@ -62,6 +62,7 @@ class RankState:
     blocked: Blocked | None = None
     frame: Frame | None = None  # the innermost line of user code it was at
     caller: Frame | None = None  # where the user's project called the installed package ``frame`` is in
+    thread_frame: Frame | None = None  # where the thread it is blocked in is, when not the main one
     exit: RankExit | None = None
     last: str = ""  # its last recorded event, for a rank that cannot show its stack
     injected: str = ""  # "killed by the injected fault kill(at=...) at event #14"
@@ -261,6 +262,12 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     stacks = report.stacks.get(rank)
     stack = stacks.main(report.thread_idents.get((rank, 0))) if stacks is not None else None
     frame = user_frame(stack) if stack is not None else None
+    thread_frame = None
+    if blocked is not None and blocked.thread and span is not None and stacks is not None:
+        # blocked in another thread: where that thread is, beside where the main one is
+        ident = report.thread_idents.get((rank, span.start.lane))
+        other = next((t for t in stacks.threads if ident is not None and t.ident == ident), None)
+        thread_frame = user_frame(other) if other is not None else None
     caller = project_frame(stack) if stack is not None and frame is not None and installed(frame.path) else None
     state = (
         "frozen"
@@ -283,6 +290,7 @@ def rank_state(report: RunReport, rank: int) -> RankState:
         blocked=blocked,
         frame=frame,
         caller=caller,
+        thread_frame=thread_frame,
         last=last,
         injected=injected,
     )
@@ -590,6 +598,8 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
         lines.append(f"  {'stuck at' if stuck else 'at'} {s.frame.describe()}")
     if s.caller is not None:
         lines.append(f"    called from {s.caller.describe()}")
+    if s.thread_frame is not None and s.blocked is not None:
+        lines.append(f"  thread {s.blocked.thread} at {s.thread_frame.describe()}")
     return lines
 
 

@@ -226,6 +226,7 @@ def test_a_collective_hung_in_another_thread_is_named_with_the_thread(inner) -> 
         "  rank 0: blocked in all_reduce #1 on the default group for * s, in thread ckpt-saver",
         "    ranks that never entered all_reduce #1: 1",
         "    stuck at test_inner.py:16 in test_saver_waits_for_a_busy_peer: saver.join()",
+        "    thread ckpt-saver at test_inner.py:8 in save: dist.all_reduce(state)",
         "  rank 1: still running",
     )
 

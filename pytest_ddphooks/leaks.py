@@ -428,12 +428,15 @@ def _close(owners: dict[int, list[socket.socket]], inodes: set[int]) -> set[int]
     return closed
 
 
+def native_only(inodes: set[int]) -> set[int]:
+    """Of these sockets, those no Python socket object owns (native code's: a group's, a store's)."""
+    return inodes - set(_python_sockets(inodes))
+
+
 def _native_owners() -> str:
     """What native objects of torch.distributed are still referenced: the likely owners of
     sockets no Python object owns (a ProcessGroupGloo kept in a global, a TCPStore)."""
-    c10d = sys.modules.get("torch._C._distributed_c10d")
-    names = ("ProcessGroup", "Backend", "Store")
-    kinds = tuple(t for t in (getattr(c10d, n, None) for n in names) if isinstance(t, type))
+    kinds = ownership.native_c10d_types()
     counts: dict[str, int] = {}
     if kinds:
         seen: set[int] = set()

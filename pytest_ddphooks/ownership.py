@@ -103,6 +103,20 @@ def owned(roots: Mapping[str, Any], leaks: Collection[Any]) -> dict[str, set[tup
     return out
 
 
+def native_c10d_types() -> tuple[type, ...]:
+    """The torch.distributed classes whose sockets live in native code: ProcessGroup, its
+    Backend, Store (none before torch.distributed is loaded)."""
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    found = (getattr(c10d, name, None) for name in ("ProcessGroup", "Backend", "Store"))
+    return tuple(t for t in found if isinstance(t, type))
+
+
+def reaches_native_c10d(roots: Iterable[Any]) -> bool:
+    """Whether such an object is reachable from ``roots``: its sockets go when it is collected."""
+    kinds = native_c10d_types()
+    return bool(kinds) and any(issubclass(type(o), kinds) for o in _reachable(roots))
+
+
 def held_processes(pids: set[int]) -> dict[int, str]:
     """Of these pids, those whose multiprocessing process object live code still holds (a
     pool's, an executor's, a data loader's workers: killing one breaks its owner, who

@@ -95,6 +95,26 @@ def _inductor_compile_pool(t: threading.Thread) -> bool:
     return getattr(target, "__module__", "").startswith("torch._inductor.compile_worker")
 
 
+def _inductor_worker(pid: Any) -> bool:
+    """A worker process of inductor's cached compile pool, however it was started (fork or
+    spawn workers have pytest's command line, or multiprocessing's)."""
+    pools = getattr(_module("torch._inductor.async_compile"), "AsyncCompile", None)
+    if pools is None:
+        return False
+    for name in ("pool", "process_pool"):
+        processes = getattr(_cached(getattr(pools, name, None)), "_processes", None) or {}
+        if pid in processes:
+            return True
+    return False
+
+
+def _resource_sharer(t: threading.Thread) -> bool:
+    """multiprocessing's resource sharer: started once per process the first time a file
+    descriptor (a tensor's shared memory) is pickled for another process, then kept."""
+    sharer = getattr(_module("multiprocessing.resource_sharer"), "_resource_sharer", None)
+    return sharer is not None and getattr(sharer, "_thread", None) is t
+
+
 def _tqdm_monitor(t: threading.Thread) -> bool:
     monitor = _module("tqdm._monitor")
     cls = getattr(monitor, "TMonitor", None)
@@ -150,6 +170,16 @@ KNOWN: tuple[Singleton, ...] = (
     Singleton("process", "multiprocessing's resource tracker", pattern="*multiprocessing.resource_tracker*"),
     Singleton("process", "multiprocessing's fork server and what it forks", pattern="*multiprocessing.forkserver*"),
     Singleton("process", "torch inductor's compile worker processes", pattern="*torch._inductor.compile_worker*"),
+    Singleton(
+        "process",
+        "the workers of torch inductor's compile pool started by fork or spawn (TORCHINDUCTOR_WORKER_START)",
+        owned=_inductor_worker,
+    ),
+    Singleton(
+        "thread",
+        "multiprocessing's resource sharer thread (started once a tensor is sent to another process)",
+        owned=_resource_sharer,
+    ),
     Singleton("process", "joblib's (loky's) resource tracker", pattern="*loky.backend.resource_tracker*"),
     Singleton("process", "the workers of joblib's (loky's) reusable executor", owned=_loky_worker),
     Singleton("thread", "the manager thread of joblib's (loky's) reusable executor", owned=_loky_manager),

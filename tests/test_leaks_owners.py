@@ -251,3 +251,90 @@ def test_joblibs_reusable_pool_is_a_process_wide_singleton_left_to_the_library(p
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(passed=2)
     result.stdout.no_fnmatch_line("*leaked*")
+
+
+def test_a_wider_fixtures_group_or_store_goes_with_its_value_when_its_scope_ends(pytester) -> None:
+    pytester.makepyfile(
+        test_scoped="""
+        import socket
+        from datetime import timedelta
+
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        def free_port():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+
+        @pytest.fixture(scope="module")
+        def pg():
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+            yield dist.group.WORLD
+            dist.destroy_process_group()
+
+        @pytest.fixture(scope="module")
+        def store():
+            yield dist.TCPStore("127.0.0.1", free_port(), 1, True, timedelta(seconds=10))
+
+        def test_allreduce(pg):
+            t = torch.ones(2)
+            dist.all_reduce(t, group=pg)
+            assert t.tolist() == [1.0, 1.0]
+
+        def test_store_last(store, pg):  # the scopes end in this test's teardown
+            store.set("k", "v")
+            assert store.get("k") == b"v"
+        """,
+        test_then="""
+        import torch.distributed as dist
+
+        KEPT = []
+
+        def test_keeps_a_group_of_its_own():
+            KEPT.append(dist.TCPStore("127.0.0.1", 0, 1, True))  # a real leak: still reported
+        """,
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_keeps_a_group_of_its_own*"])
+    result.stdout.no_fnmatch_line("*fixture 'pg'*")
+    result.stdout.no_fnmatch_line("*fixture 'store'*")
+
+
+def test_library_threads_and_workers_started_once_per_process_are_no_leaks(pytester, monkeypatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_WORKER_START", "fork")
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")
+    pytester.makepyfile(
+        test_once="""
+        import multiprocessing as mp
+
+        import torch
+        from torch._inductor.async_compile import AsyncCompile
+
+        def total(q_in, q_out):
+            q_out.put(float(q_in.get().sum()))
+
+        def test_sends_a_tensor_to_a_child():
+            # the first tensor sent starts multiprocessing's resource sharer thread, kept for ever
+            ctx = mp.get_context("fork")
+            q_in, q_out = ctx.Queue(), ctx.Queue()
+            child = ctx.Process(target=total, args=(q_in, q_out))
+            child.start()
+            q_in.put(torch.ones(3))
+            assert q_out.get(timeout=60) == 3.0
+            child.join(30)
+
+        def test_warms_inductors_compile_pool():
+            AsyncCompile.warm_pool()
+            AsyncCompile.wait_pool_ready()
+            assert AsyncCompile.process_pool()._processes
+
+        def test_next():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=3)
+    result.stdout.no_fnmatch_line("*leaked*")

@@ -167,3 +167,50 @@ def test_resumes(rank, faults, restart_count):
     ran.lines("passed under all 3 schedules explored (seeds 0x*")
     # the plain run and every schedule: rank 1 killed in the first attempt, the second passes
     assert ran.text.count("attempt 1: rank 0 passed; rank 1 passed") == 4, ran.text
+
+
+def test_a_rank_teardown_failing_under_a_schedule_fails_it_and_a_failed_teardown_explores_nothing(
+    inner, pytester
+) -> None:
+    runs = pytester.path / "runs"
+    runs.mkdir()
+    ran = inner(
+        f"""
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        def count(name, rank):
+            path = os.path.join({str(runs)!r}, f"{{name}}-{{rank}}")
+            n = int(open(path).read()) if os.path.exists(path) else 0
+            open(path, "w").write(str(n + 1))
+            return n
+
+        @pytest.mark.multirank(world_size=2, explore=3, timeout=60)
+        def test_fails_in_second_schedule(rank, request):
+            n = count("second", rank)  # run 0 is the plain one, 1..3 the schedules
+            def finalizer():
+                if n == 2 and rank == 1:
+                    raise RuntimeError(f"finalizer failed in run {{n}}")
+            request.addfinalizer(finalizer)
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2, explore=3, timeout=60)
+        def test_fails_in_every_run(rank, request):
+            count("every", rank)
+            def finalizer():
+                raise RuntimeError("finalizer failed")
+            request.addfinalizer(finalizer)
+            dist.barrier()
+        """,
+        "-p",
+        "no:randomly",
+    )
+    ran.result.assert_outcomes(passed=2, errors=2)
+    ran.lines(
+        "*ERROR at teardown of test_fails_in_second_schedule*",
+        "failed under schedule 2 of 3 (seed 0x*); replay with --ddp-schedule=0x*",
+        "  rank 1: failed in fixture teardown: RuntimeError: finalizer failed in run 2",
+    )
+    ran.no_lines("*passed under all 3 schedules*")
+    assert (runs / "every-0").read_text() == "1", "a test whose teardown failed is not explored"

@@ -325,3 +325,24 @@ def test_junit_gets_a_rank_failures_whole_message(pytester: pytest.Pytester) -> 
     failure = ElementTree.parse(junit).getroot().find(".//failure")
     assert failure is not None
     assert failure.get("message", "").endswith("first line ends with colon:\n  the real reason is here")
+
+
+def test_junit_labels_each_ranks_output(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_out="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_prints(rank):
+            print(f"loss={0.5 + rank}")
+        """
+    )
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_logging=system-out", "-rA"
+    )
+    result.assert_outcomes(passed=1)
+    out = ElementTree.parse(junit).getroot().find(".//system-out")
+    assert out is not None and "[rank 0] loss=0.5" in (out.text or "") and "[rank 1] loss=1.5" in (out.text or "")
+    # the terminal's sections are titled by rank, their lines as printed
+    result.stdout.fnmatch_lines(["*Captured stdout rank 0 call*", "loss=0.5"])

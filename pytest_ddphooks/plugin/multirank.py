@@ -363,7 +363,8 @@ class MultirankHooks:
     def _end_run(self, item: pytest.Item, active: _Active) -> Verdict:
         assert active.watch is not None and active.job is not None
         report, verdict = self._run_to_end(item, active, active.watch)
-        if verdict.outcome == "passed" and active.exploration is not None and report.timeline is not None:
+        explore = verdict.outcome == "passed" and verdict.teardown is None  # only a test that passed whole
+        if explore and active.exploration is not None and report.timeline is not None:
             found = self._explore(item, active, active.exploration, report)
             if found is not None:
                 report, verdict = found
@@ -427,9 +428,10 @@ class MultirankHooks:
             active.job = self._next_run(plain_job, attempt=0, holds=holds(seed, plain_job.world_size, profile))
             report, verdict = self._run_to_end(item, active, self._launch(item, active.job))
             plan.held_seconds += held_seconds(report.held)
-            if verdict.failure is not None:
-                verdict.failure.schedule = [plan.header(index, seed)]
-                verdict.failure.holds = [describe_hold(r, info) for r in sorted(report.held) for info in report.held[r]]
+            failed = verdict.failure or verdict.teardown  # a rank's teardown failing under it counts
+            if failed is not None:
+                failed.schedule = [plan.header(index, seed)]
+                failed.holds = [describe_hold(r, info) for r in sorted(report.held) for info in report.held[r]]
                 return report, verdict
         active.job = plain_job  # the plain run's report stands
         item.add_report_section("call", "schedules", plan.passed())

@@ -168,6 +168,36 @@ class ReportHooks:
         report = yield
         return shape_report(item, call, report)
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, None, None]:
+        # what reads a report's output as one text (junit's system-out joins every "Captured
+        # stdout" section) reads each rank's lines labelled; the terminal's sections are titled
+        labelled = _rank_labelled(report.sections)
+        if labelled is None:
+            return (yield)
+        titled, report.sections = report.sections, labelled
+        try:
+            return (yield)
+        finally:
+            report.sections = titled
+
+
+_RANK_SECTION = re.compile(r"Captured (?:stdout|stderr|log) rank (\d+) (?:setup|call|teardown)")
+
+
+def _rank_labelled(sections: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
+    """The sections with each line of a rank's output prefixed ``[rank N]``; None without any."""
+    if not any(_RANK_SECTION.fullmatch(title) for title, _ in sections):
+        return None
+    out = []
+    for title, text in sections:
+        found = _RANK_SECTION.fullmatch(title)
+        if found is not None:
+            label = f"[rank {found.group(1)}] "
+            text = "".join(label + line for line in text.splitlines(keepends=True))
+        out.append((title, text))
+    return out
+
 
 def relay_warnings(item: pytest.Item, wires: list[warning_relay.WireWarning]) -> None:
     """Warnings another process caught for this test, once each, into this session's summary."""

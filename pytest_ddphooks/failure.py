@@ -18,7 +18,7 @@ from .recorder import collectives, events
 from .recorder.clocks import collective_key
 from .recorder.timeline import Mismatch, Span, Timeline
 from .report import RankExit, RankResult, RunReport
-from .stacks import Frame, Stacks, ThreadStack, fatal_error, format_stack, installed, project_frame, user_frame
+from .stacks import Frame, Stacks, ThreadStack, fatal_error, format_stack, installed, user_frame
 
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed")
 
@@ -268,7 +268,8 @@ def rank_state(report: RunReport, rank: int) -> RankState:
         ident = report.thread_idents.get((rank, span.start.lane))
         other = next((t for t in stacks.threads if ident is not None and t.ident == ident), None)
         thread_frame = user_frame(other) if other is not None else None
-    caller = project_frame(stack) if stack is not None and frame is not None and installed(frame.path) else None
+    in_package = stack is not None and frame is not None and installed(frame.path)
+    caller = user_frame(stack, outside_installed=True) if stack is not None and in_package else None
     state = (
         "frozen"
         if rank in report.frozen

@@ -39,8 +39,7 @@ def timeline_view(timeline: Timeline | None, started_ns: int = 0, stopped_ns: in
     if timeline is None or not timeline.events:
         return {"lanes": [], "names": [], "spans": [], "colls": [], "t1": 0.0}
     t0 = min(e.t_ns for e in timeline.events)
-    if started_ns:
-        t0 = max(t0, min((e.t_ns for e in timeline.events if e.t_ns >= started_ns), default=t0))
+    t0 = min((e.t_ns for e in timeline.events if e.t_ns >= started_ns), default=t0)
     t_last = max(max(e.t_ns for e in timeline.events), stopped_ns)
 
     def us(t_ns: int) -> float:

@@ -24,8 +24,8 @@ from .recorder.clocks import collective_key
 class _Rank:
     inside: dict[int, dict[str, Any]] = field(default_factory=dict)  # call id -> the call it is in
     issued: dict[int, dict[str, Any]] = field(default_factory=dict)  # call id -> async call not waited yet
-    entered: set[tuple[Any, ...]] = field(default_factory=set)  # collective keys it started
-    calls: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)  # key -> the call it made
+    # collective key -> the call it made there ({} for a native one found after the fact)
+    entered: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     sent: dict[tuple[Any, ...], int] = field(default_factory=dict)  # (group, dst, tag) -> sends
     received: dict[tuple[Any, ...], int] = field(default_factory=dict)  # (group, src, tag) -> receives done
     final: dict[str, int] | None = None  # once finished: group -> its last collective, seen or not
@@ -71,8 +71,8 @@ class RankProgress:
                 continue
             state.count += 1
             if info and info.get("native") and phase == events.START:
-                key = collective_key(info)
-                state.entered.add(key)
+                # entered; its call is known where it is taken in its place below
+                state.entered.setdefault(collective_key(info), {})
                 if t_ns < state.last_t.get(lane, 0):
                     continue  # found after the fact: the lane went on since it was issued
             state.last_t[lane] = max(t_ns, state.last_t.get(lane, 0))
@@ -123,9 +123,7 @@ class RankProgress:
             if not info.get("effective", True):
                 return
             if kind == events.COLLECTIVE and info.get("seq"):
-                key = collective_key(info)
-                state.entered.add(key)
-                state.calls[key] = info
+                state.entered[collective_key(info)] = info
             elif sync == collectives.SEND:
                 key = (info.get("group"), info.get("dst"), info.get("tag", 0))
                 state.sent[key] = state.sent.get(key, 0) + 1
@@ -167,10 +165,11 @@ class RankProgress:
                 if info.get("seq") and info.get("sync") not in (collectives.SEND, collectives.RECV):
                     at.setdefault(collective_key(info), {})[rank] = info
         for rank in finished:
-            calls = self._of(rank).calls
+            entered = self._of(rank).entered
             for key, ranks in at.items():
-                if rank not in ranks and key in calls:
-                    ranks[rank] = calls[key]
+                call = entered.get(key)
+                if rank not in ranks and call:
+                    ranks[rank] = call
         for key in sorted(at, key=lambda k: (int(k[2]), str(k[1]))):
             ranks = at[key]
             ops = {r: str(info.get("op")) for r, info in ranks.items()}

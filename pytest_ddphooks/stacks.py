@@ -157,19 +157,12 @@ def trim_harness(frames: list[Frame]) -> list[Frame]:
     return [f for f in frames if _HIDDEN not in f.path]
 
 
-def user_frame(stack: ThreadStack) -> Frame | None:
-    """The innermost frame of user code: where the process is stuck, as the user wrote it."""
+def user_frame(stack: ThreadStack, *, outside_installed: bool = False) -> Frame | None:
+    """The innermost frame of user code: where the process is stuck, as the user wrote it;
+    ``outside_installed``: of the user's own project, outside every installed package (where
+    it called Lightning's barrier from its hook)."""
     for frame in stack.frames:
-        if not is_library(frame.path):
-            return frame
-    return None
-
-
-def project_frame(stack: ThreadStack) -> Frame | None:
-    """Where the user's own project called into an installed package (Lightning's barrier
-    from the user's hook): the innermost frame outside every installed package and library."""
-    for frame in stack.frames:
-        if not is_library(frame.path) and not installed(frame.path):
+        if not is_library(frame.path) and not (outside_installed and installed(frame.path)):
             return frame
     return None
 

@@ -37,6 +37,7 @@ class MultirankRun:
 RUN_KEY = pytest.StashKey[MultirankRun]()
 TIMEOUT_KEY = pytest.StashKey[float]()  # pytest-timeout's value for a test this plugin times
 THREAD_TIMEOUT_KEY = pytest.StashKey[bool]()  # ... with --timeout-method=thread
+FUNC_ONLY_KEY = pytest.StashKey[bool]()  # ... with func_only: it limits only the test's call
 BAD_MARKER_KEY = pytest.StashKey[str]()  # why the test's multirank marker cannot be run
 
 

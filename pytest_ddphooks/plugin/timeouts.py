@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from . import rankbody
-from .markers import RUN_KEY, THREAD_TIMEOUT_KEY, TIMEOUT_KEY, is_special
+from .markers import FUNC_ONLY_KEY, RUN_KEY, THREAD_TIMEOUT_KEY, TIMEOUT_KEY, is_special
 from .special import runs_here
 
 
@@ -81,9 +81,6 @@ def pytest_side_limit(item: pytest.Item) -> tuple[float, str] | None:
     if run.spec.timeout is not None:
         return float(run.spec.timeout), f"multirank(timeout={run.spec.timeout:g})"
     return None
-
-
-FUNC_ONLY_KEY = pytest.StashKey[bool]()  # pytest-timeout limits only the test's call
 
 
 @contextlib.contextmanager

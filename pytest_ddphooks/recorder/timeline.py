@@ -399,14 +399,38 @@ class Timeline:
 
     def _enclosing(self, e: Event) -> Span | None:
         """The innermost framework barrier, else instrumented call, that ``e`` happened in."""
-        best: dict[str, Span] = {}
-        for s in self._spans:
-            if s.rank != e.rank or s.start.lane != e.lane or s.kind not in (events.BARRIER, events.CALL):
-                continue
-            inside = s.start.index < e.index and (s.end is None or s.end.index > e.index)
-            if inside and (s.kind not in best or best[s.kind].start.index < s.start.index):
-                best[s.kind] = s
-        return best.get(events.BARRIER) or best.get(events.CALL)
+        barrier, call = self._hooks_around([e]).get((e.rank, e.index), (None, None))
+        return barrier or call
+
+    def _hooks_around(self, wanted: Iterable[Event]) -> dict[tuple[int, int], tuple[Span | None, Span | None]]:
+        """(rank, index) of each wanted event -> the innermost framework barrier and the
+        innermost instrumented call open around it on its thread: one walk for all of them."""
+        want = {(e.rank, e.index) for e in wanted}
+        ranks = {rank for rank, _ in want}
+        hooks = {(s.rank, s.start.index): s for s in self._spans if s.kind in (events.BARRIER, events.CALL)}
+        out: dict[tuple[int, int], tuple[Span | None, Span | None]] = {}
+        for rank in ranks:
+            lanes: dict[int, list[Span]] = {}  # lane -> the calls open on it, outermost first
+            for e in self._by_rank.get(rank, []):
+                open_calls = lanes.setdefault(e.lane, [])
+                if (rank, e.index) in want:
+                    out[(rank, e.index)] = (
+                        next((s for s in reversed(open_calls) if s.kind == events.BARRIER), None),
+                        next((s for s in reversed(open_calls) if s.kind == events.CALL), None),
+                    )
+                if e.kind not in (events.CALL, events.BARRIER):
+                    continue
+                if e.phase == events.START:
+                    open_calls.append(hooks[(rank, e.index)])
+                elif e.phase == events.END:
+                    # a call may end out of order (a generator's): it leaves wherever it is
+                    at = next(
+                        (i for i in range(len(open_calls) - 1, -1, -1) if open_calls[i].start.call_id == e.call_id),
+                        None,
+                    )
+                    if at is not None:
+                        del open_calls[at]
+        return out
 
     # -- other assertions --------------------------------------------------------------------
 
@@ -550,19 +574,13 @@ class Timeline:
         """The first collective (in time) whose members entered it inside different
         instrumented calls: gloo takes any two barriers (or two all-reduces of one shape) as
         one, so two different ones may have been paired, and the ranks one apart since."""
-        hook: dict[tuple[int, int], str] = {}  # (rank, event index) -> the innermost call around it
-        for rank, evs in self._by_rank.items():
-            open_calls: dict[int, list[Event]] = {}  # lane -> the calls open on it
-            for e in evs:
-                stack = open_calls.setdefault(e.lane, [])
-                if e.kind in (events.CALL, events.BARRIER):
-                    if e.phase == events.START:
-                        stack.append(e)
-                    elif stack and stack[-1].call_id == e.call_id:
-                        stack.pop()
-                elif e.kind == events.COLLECTIVE and e.phase == events.START and stack:
-                    hook[(rank, e.index)] = str(stack[-1].info.get("qualname") or stack[-1].name)
         insts = [i for i in self.instances.values() if i.key[0] == "c" and len(i.starts) > 1]
+        around = self._hooks_around(e for i in insts for e in i.starts.values())
+        hook: dict[tuple[int, int], str] = {}  # (rank, event index) -> the innermost call around it
+        for at, spans in around.items():
+            inner = max((s for s in spans if s is not None), key=lambda s: s.start.index, default=None)
+            if inner is not None:
+                hook[at] = str(inner.start.info.get("qualname") or inner.name)
         for inst in sorted(insts, key=lambda i: min(e.t_ns for e in i.starts.values())):
             where = {r: hook.get((r, e.index)) for r, e in sorted(inst.starts.items())}
             if None in where.values() or len(set(where.values())) < 2:

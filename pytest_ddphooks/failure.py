@@ -793,7 +793,9 @@ def render(f: RunFailure) -> Rendered:
             lines.extend(_died_lines(rf))
     failing = [rf for rf in f.failures if rf.how == "failed"]
     shown = failing or [rf for rf in f.failures if rf.how == "consequence"]
-    several = len([rf for rf in f.failures if rf.how != "died"]) > 1
+    # which of ranks that failed on their own was first is only worth saying where others
+    # failed because of it
+    several = any(rf.how == "consequence" for rf in f.failures)
     for rf in shown:
         if rf.result is None:
             continue

@@ -11,6 +11,7 @@ needs no network. ``static_svg`` draws the same view without script, for pytest-
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 from collections.abc import Iterable, Mapping
@@ -127,9 +128,14 @@ def write_report(path: str, views: list[dict[str, Any]], title: str) -> str:
     page = _page().replace("__TITLE__", html.escape(title)).replace("__DATA__", data)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(page)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(page)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # nothing of a page that could not be written stays behind
+        raise
     return path
 
 

@@ -162,3 +162,103 @@ def test_a_hypothesis_test_marked_multirank_is_a_clear_error(pytester) -> None:
     result.stdout.fnmatch_lines(
         ["*test_drawn: @pytest.mark.multirank cannot run a hypothesis @given test: every rank would draw*"]
     )
+
+
+def test_a_report_path_that_is_a_folder_stops_the_run_and_leaves_nothing(pytester) -> None:
+    pytester.mkdir("pages")
+    pytester.makepyfile(test_bad=MULTIRANK_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ddp-report=pages")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --ddp-report=pages: */pages is a folder; give the page a file name, such as*"])
+    assert not list((pytester.path / "pages").iterdir())
+    assert not [p.name for p in pytester.path.iterdir() if p.name.endswith(".tmp")]
+
+
+MARKER_CLASHES = """
+import pytest
+import torch.distributed as dist
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.multirank(world_size=4)
+class TestTwice:
+    def test_in_class(self):
+        pass
+
+@pytest.mark.multirank(world_size=[2, 3])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sizes_parametrized_too(world_size):
+    pass
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("a, rank", [(1, 7)])
+def test_rank_parametrized(a, rank):
+    pass
+
+@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.multirank(world_size=[1, 2]))])
+def test_list_in_param_marks(n):
+    pass
+
+@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.multirank(world_size=2))])
+def test_one_size_in_param_marks(n, world_size):
+    assert dist.get_world_size() == world_size == 2
+
+@pytest.mark.special(timeout=3)
+def test_special_with_arguments():
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+def test_markers_that_cannot_all_hold_are_errors_of_their_tests_not_of_collection(pytester) -> None:
+    pytester.makepyfile(test_clash=MARKER_CLASHES)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rE")
+    result.assert_outcomes(passed=2, errors=6)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_clash.py::TestTwice::test_in_class: @pytest.mark.multirank is given 2 times on this class;*",
+            "*test_clash.py::test_sizes_parametrized_too[[]2[]]: @pytest.mark.parametrize gives 'world_size',"
+            " which a multirank test's ranks give*",
+            "*test_clash.py::test_rank_parametrized[[]1-7[]]: @pytest.mark.parametrize gives 'rank'*",
+            "*test_clash.py::test_list_in_param_marks[[]2[]]: @pytest.mark.multirank(world_size=[[]...[]]) makes one"
+            " test per size where it marks the test function, its class or its module; in pytest.param(...*",
+            "*test_clash.py::test_special_with_arguments: @pytest.mark.special takes no arguments, got (timeout=3);*",
+        ],
+        consecutive=False,
+    )
+
+
+def test_two_markers_on_a_module_are_an_error_of_each_test(pytester) -> None:
+    pytester.makepyfile(
+        test_module_twice="""
+        import pytest
+
+        pytestmark = [pytest.mark.multirank(world_size=2), pytest.mark.multirank(world_size=4)]
+
+        def test_x():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.multirank is given 2 times on this module;*"])
+
+
+def test_a_special_test_with_a_bad_marker_starts_no_interpreter(pytester) -> None:
+    log = pytester.path / "imports.log"
+    pytester.makeconftest(f"open({str(log)!r}, 'a').write('imported\\n')")
+    pytester.makepyfile(
+        test_special_bad="""
+        import pytest
+
+        @pytest.mark.special
+        @pytest.mark.multirank(world_size=0)
+        def test_x():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*world_size must be an int >= 1 or a list of them, got 0 (int)*"])
+    assert log.read_text().count("imported") == 1  # the session's own, no child interpreter's

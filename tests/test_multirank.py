@@ -204,6 +204,36 @@ def test_unsendable_fixture_fails_naming_it(inner) -> None:
     ran.lines("*parametrize argument 'fn' cannot be sent to the ranks: PicklingError: *")
 
 
+def test_a_fixture_that_cannot_be_rebuilt_in_a_rank_shows_where_without_the_harness(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        def _rebuild():
+            raise RuntimeError("cannot rebuild me")
+
+        class Unloadable:
+            def __reduce__(self):
+                return (_rebuild, ())
+
+        @pytest.fixture
+        def unloadable():
+            return Unloadable()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_uses_it(unloadable):
+            pass
+        """
+    )
+    ran.result.assert_outcomes(errors=1)
+    ran.lines(
+        "*rank 0: failed in fixture setup: RuntimeError: fixture 'unloadable' could not be rebuilt in the rank:"
+        " RuntimeError: cannot rebuild me"
+    )
+    ran.lines('>       raise RuntimeError("cannot rebuild me")', "E       RuntimeError: cannot rebuild me")
+    assert "rankbody.py" not in ran.text and "payload = ItemPayload" not in ran.text
+
+
 def test_tmp_path_is_one_folder_for_all_ranks(inner) -> None:
     ran = inner(
         """

@@ -235,6 +235,7 @@ def test_an_unwritable_report_path_keeps_the_outcomes_and_warns(pytester: pytest
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--ddp-report={blocked}/report.html")
     result.assert_outcomes(failed=1, passed=2, warnings=1)
     result.stdout.fnmatch_lines([f"*PytestWarning: --ddp-report: cannot write {blocked}/report.html: *"])
+    result.stdout.no_fnmatch_line("*notices.py*")  # no line of the plugin's own is shown as where
 
 
 def test_pytest_html_reports_carry_the_timeline_of_failed_multirank_tests(pytester: pytest.Pytester) -> None:

@@ -124,7 +124,7 @@ class LeakHooks:
         # a bad marker's test is still checked against the ini's allowlist at its teardown
         item.stash[ALLOW_KEY] = allow if problem is None else self.allow
         if problem is not None:
-            pytest.fail(f"@pytest.mark.{ALLOW_MARKER}: {problem}", pytrace=False)
+            pytest.fail(f"{item.nodeid}: @pytest.mark.{ALLOW_MARKER}: {problem}", pytrace=False)
         return allow
 
     @staticmethod

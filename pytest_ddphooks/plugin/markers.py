@@ -45,15 +45,24 @@ def is_special(item: pytest.Item) -> bool:
     return item.get_closest_marker("special") is not None
 
 
-def _own_multirank(node: pytest.Item | pytest.Function | object) -> list[pytest.Mark]:
-    return [m for m in getattr(node, "own_markers", ()) if m.name == "multirank"]
+def _closest_multirank(node: pytest.Item | pytest.Function | object) -> tuple[str, list[pytest.Mark]]:
+    """The markers of the nearest node that has any (the test, its class, its module), and
+    what that node is: the one marker a test runs by is the nearest one."""
+    chain = node.listchain() if isinstance(node, pytest.Item) else [node]  # type: ignore[union-attr]
+    for at in reversed(chain):
+        own = [m for m in getattr(at, "own_markers", ()) if m.name == "multirank"]
+        if own:
+            kind = "module" if isinstance(at, pytest.Module) else "class" if isinstance(at, pytest.Class) else "test"
+            return kind, own
+    return "test", []
 
 
 def read_spec(nodeid: str, node: object, marker: pytest.Mark) -> MultirankSpec:
     """The checked spec of a test's marker; SpecError names the test and the problem."""
-    if len(_own_multirank(node)) > 1:
+    where, markers = _closest_multirank(node)
+    if len(markers) > 1:
         raise SpecError(
-            f"{nodeid}: @pytest.mark.multirank is given {len(_own_multirank(node))} times on this test;"
+            f"{nodeid}: @pytest.mark.multirank is given {len(markers)} times on this {where};"
             " give it once (the sizes of several runs go in one marker: world_size=[2, 4])"
         )
     try:
@@ -75,7 +84,7 @@ class MarkerHooks:
             spec = read_spec(metafunc.definition.nodeid, metafunc.definition, marker)
         except SpecError:
             return  # the item says why at its setup
-        if spec.many:
+        if spec.many and not _parametrized(metafunc.definition, "world_size"):
             if "world_size" not in metafunc.fixturenames:
                 metafunc.fixturenames.append("world_size")
             metafunc.parametrize("world_size", list(spec.world_sizes), ids=[str(n) for n in spec.world_sizes])
@@ -83,6 +92,14 @@ class MarkerHooks:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
+            special = item.get_closest_marker("special")
+            if special is not None and (special.args or special.kwargs):
+                given = ", ".join([*map(repr, special.args), *(f"{k}={v!r}" for k, v in special.kwargs.items())])
+                item.stash[BAD_MARKER_KEY] = (
+                    f"{item.nodeid}: @pytest.mark.special takes no arguments, got ({given}); a time limit goes in"
+                    " @pytest.mark.multirank(timeout=...) or pytest-timeout's @pytest.mark.timeout(...)"
+                )
+                continue
             marker = item.get_closest_marker("multirank")
             if marker is None:
                 continue
@@ -107,6 +124,10 @@ class MarkerHooks:
                 continue
             size = spec.world_sizes[0]
             callspec = getattr(item, "callspec", None)
+            problem = _parameter_clash(item, spec.many, callspec)
+            if problem is not None:
+                item.stash[BAD_MARKER_KEY] = problem
+                continue
             if spec.many and callspec is not None and "world_size" in callspec.params:
                 size = int(callspec.params["world_size"])
             dependent = rankfixtures.rank_dependent(item)
@@ -119,3 +140,33 @@ class MarkerHooks:
         problem = item.stash.get(BAD_MARKER_KEY, None)
         if problem is not None:
             pytest.fail(problem, pytrace=False)
+
+
+def _parametrized(node: object, name: str) -> bool:
+    """Whether the test's own ``@pytest.mark.parametrize`` markers give the argument ``name``."""
+    for mark in node.iter_markers("parametrize"):  # type: ignore[attr-defined]
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if name in names:
+            return True
+    return False
+
+
+def _parameter_clash(item: pytest.Item, many: bool, callspec: object) -> str | None:
+    """Why a multirank test's parameters and its marker cannot both hold, or None."""
+    clash = [n for n in ("world_size", "rank") if _parametrized(item, n)]
+    if clash:
+        return (
+            f"{item.nodeid}: @pytest.mark.parametrize gives {' and '.join(repr(n) for n in clash)}, which a"
+            " multirank test's ranks give (the fixtures rank and world_size); list the sizes in the marker"
+            " (world_size=[2, 4]) and give the parameter another name"
+        )
+    params = getattr(callspec, "params", {})
+    if many and "world_size" not in params:
+        return (
+            f"{item.nodeid}: @pytest.mark.multirank(world_size=[...]) makes one test per size where it marks the"
+            " test function, its class or its module; in pytest.param(..., marks=...) give one size"
+            " (world_size=2), one pytest.param per size"
+        )
+    return None

@@ -22,11 +22,16 @@ def warn_never_raising(config: pytest.Config, warning: Warning, item: pytest.Ite
         if item is not None:
             warn_at(item, warning)
         else:
-            config.issue_config_time_warning(warning, stacklevel=2)
+            # the session's, from none of the user's lines (nor the plugin's): pytest records
+            # it under the hooks' warnings filters and shows it in its summary
+            warnings.warn_explicit(warning, type(warning), "pytest-ddphooks", 0, module="pytest_ddphooks")
     except Warning:
         text = f"ddphooks: {type(warning).__name__}: {warning}"
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
+            writer = getattr(reporter, "_tw", None)
+            if writer is not None and writer.width_of_current_line:
+                writer.line()  # not glued to the progress line
             reporter.write_line(text, yellow=True)
         else:
             sys.stderr.write(text + "\n")

@@ -168,6 +168,7 @@ def _capturing_logs(item: pytest.Function) -> Iterator[None]:
 
 
 def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> RankResult:
+    __tracebackhide__ = True  # an error here is the test's, told by the test's frames
     global in_rank
     in_rank = True
     started = time.monotonic()
@@ -194,14 +195,7 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
 
     with ctx.measured.test_code():  # coverage: the test's own code, not the harness around it
         try:
-            values = {}
-            for name, blob in payload.values.items():
-                try:
-                    values[name] = pickle.loads(blob)
-                except Exception as exc:
-                    raise RuntimeError(
-                        f"fixture {name!r} could not be rebuilt in the rank: {type(exc).__name__}: {exc}"
-                    ) from exc
+            values = _rebuilt(payload.values)
             if payload.instance_state is not None:
                 restore_test_state(item, payload.instance_state)
             _reseed_as_the_session(item, "setup")
@@ -240,6 +234,21 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
     result.output_marks = marks
     result.ended_ns = time.time_ns()
     return result
+
+
+def _rebuilt(blobs: dict[str, bytes]) -> dict[str, Any]:
+    """The values of the pytest process's fixtures, unpickled in the rank; one that cannot be
+    is an error naming it, shown with where its unpickling raised (not the harness's frames)."""
+    __tracebackhide__ = True
+    values = {}
+    for name, blob in blobs.items():
+        try:
+            values[name] = pickle.loads(blob)
+        except Exception as exc:
+            raise RuntimeError(
+                f"fixture {name!r} could not be rebuilt in the rank: {type(exc).__name__}: {exc}"
+            ) from exc
+    return values
 
 
 def _reseed_as_the_session(item: pytest.Function, phase: str) -> None:

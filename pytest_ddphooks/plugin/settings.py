@@ -43,7 +43,7 @@ class Settings:
             leaks=_choice(config, "ddp_leaks", ("fail", "warn", "off")),
             leaks_allow=_allowlist(config),
             trace_dir=_path(config, "ddp_trace_dir"),
-            report=_path(config, "ddp_report"),
+            report=_report_path(config),
             post_mortem=bool(getattr(config.option, "usepdb", False)),
             pdb_rank=_pdb_rank(config),
             preload=tuple(config.getini("ddp_preload")),
@@ -93,6 +93,14 @@ def _path(config: pytest.Config, name: str) -> str | None:
             return None
         base = config.inipath.parent if config.inipath is not None else config.rootpath
     return os.path.normpath(os.path.join(base, os.path.expanduser(str(given))))
+
+
+def _report_path(config: pytest.Config) -> str | None:
+    path = _path(config, "ddp_report")
+    if path is not None and os.path.isdir(path):
+        _, where = _value(config, "ddp_report")
+        raise pytest.UsageError(f"{where}: {path} is a folder; give the page a file name, such as {path}/report.html")
+    return path
 
 
 def _ini_flag(config: pytest.Config, name: str) -> bool:

@@ -48,7 +48,7 @@ from ..special import (
     run_isolated,
 )
 from ..stacks import fatal_error, format_stack, rel_path, user_frame
-from .markers import is_special
+from .markers import BAD_MARKER_KEY, is_special
 from .reports import relay_warnings
 from .session import LIVE_TERMINAL_KEY, DdpSession
 
@@ -195,8 +195,8 @@ class SpecialHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-        if not is_special(item) or runs_here(item):
-            return None
+        if not is_special(item) or runs_here(item) or BAD_MARKER_KEY in item.stash:
+            return None  # a bad marker is an error of the test here: no interpreter for it
         ihook = item.ihook
         reruns = _reruns_of(item)
         attempt = 0

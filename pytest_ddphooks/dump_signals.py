@@ -38,6 +38,14 @@ def _signal(signalnum: Any, handler: Any) -> Any:
     return previous
 
 
+def release(signum: int) -> None:
+    """Give ``signum`` back its default action where the harness took it for dumps and the
+    code under test set no handler of its own (an injected kill with that signal must kill)."""
+    if int(signum) in _arming and signal.getsignal(signum) in (signal.SIG_DFL, None):
+        del _arming[int(signum)]
+        faulthandler.unregister(signum)
+
+
 def register(signum: int, file: Any) -> None:
     """Every thread's stack to ``file`` on ``signum``, installed anew (faulthandler keeps a
     registration it thinks is in place, though its handler was replaced since)."""

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from .faults import parse_point
+from .progress import KILLED
 from .recorder import collectives, events
 from .recorder.clocks import collective_key
 from .recorder.timeline import Mismatch, Span, Timeline
@@ -54,7 +55,7 @@ class RankState:
     """Where one rank was when the run ended."""
 
     rank: int
-    state: str  # "finished", "died", "blocked", "exchanging" (in timeline()), "running", "frozen"
+    state: str  # "finished", "died", "blocked", "exchanging" (in timeline()), "running", "frozen", "delayed"
     outcome: str | None = None  # of its test, when it finished
     waited: bool = False  # it finished, then waited for the others
     reason: str = ""  # why the harness stopped it
@@ -243,6 +244,17 @@ def _blocked(span: Span, timeline: Timeline, now_ns: int) -> Blocked:
     )
 
 
+_FAULTS_FILE = os.path.join("pytest_ddphooks", "faults.py")
+
+
+def _in_injected_delay(report: RunReport, rank: int, stack: ThreadStack | None) -> bool:
+    """The rank sleeps in a delay a fault injected (its main thread is in the fault's sleep)."""
+    fired = report.fired.get(rank)
+    if not fired or fired[-1].get("action") != "delay" or stack is None or not stack.frames:
+        return False
+    return any(f.path.endswith(_FAULTS_FILE) for f in stack.frames[:3])
+
+
 def rank_state(report: RunReport, rank: int) -> RankState:
     """Where one rank was: finished, died, blocked in a collective (and who never came),
     frozen, or running; with the calls it was inside and the line of user code."""
@@ -273,6 +285,8 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     state = (
         "frozen"
         if rank in report.frozen
+        else "delayed"
+        if _in_injected_delay(report, rank, stack)
         else "blocked"
         if blocked is not None
         else "exchanging"
@@ -318,6 +332,11 @@ def injection_words(report: RunReport, rank: int) -> str:
     info = fired[-1]
     index = _event_of(report, rank, info)
     where = f" at event #{index}" if index is not None else ""
+    if info.get("action") == "kill" and rank in report.results:
+        # a signal the rank handles or ignores (SIGWINCH, SIGCONT, its own SIGTERM handler)
+        return (
+            f"sent the signal of the injected fault {info.get('fault')}{where}, and lived on (it handles or ignores it)"
+        )
     return f"{_DONE_BY.get(str(info.get('action')), 'hit by')} the injected fault {info.get('fault')}{where}"
 
 
@@ -343,8 +362,8 @@ def _unfired(report: RunReport) -> list[str]:
             " after them was tested (leave a rank to see what follows the fault)"
         )
     for rank, armed in sorted(report.armed.items()):
-        if rank not in report.results:
-            continue  # it did not finish: whatever ended it is the story
+        if not _finished_well(report, rank):
+            continue  # it did not finish, or failed: whatever ended it is the story
         fired = {info.get("fault") for info in report.fired.get(rank, [])}
         for info in armed:
             if "for" in info:
@@ -361,6 +380,13 @@ def _unfired(report: RunReport) -> list[str]:
     return out
 
 
+def _finished_well(report: RunReport, rank: int) -> bool:
+    """The rank finished the test, and not by failing (a failure before the fault's point,
+    or the FaultError of arming it late, is the story then)."""
+    result = report.results.get(rank)
+    return result is not None and result.outcome != "failed"
+
+
 def _armed_elsewhere(report: RunReport) -> list[str]:
     """Faults a rank armed for other ranks that finished the test without arming them: a
     fault acts only where it is armed, so it never could."""
@@ -369,7 +395,7 @@ def _armed_elsewhere(report: RunReport) -> list[str]:
     for by, armed in sorted(report.armed.items()):
         for info in armed:
             for target in info.get("for", ()):
-                if target in report.results and (target, info.get("call")) not in own:
+                if _finished_well(report, target) and (target, info.get("call")) not in own:
                     out.setdefault((str(info.get("call")), target), []).append(by)
     return [
         f"injected fault {call.replace('(', f'(rank={target}, ', 1)} never fired: rank {target}, where it acts,"
@@ -586,6 +612,9 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
             lines.append(f"  it was stopped inside {'the wait of ' if b.in_wait else ''}{place}")
         if s.last:
             lines.append(f"  its last recorded event: {s.last}")
+    elif s.state == "delayed":
+        entering = f" as it entered {s.blocked.op} #{s.blocked.seq} on {s.blocked.group}" if s.blocked else ""
+        lines.append(f"{head}{s.injected}: sleeping there{entering}, not yet inside it{where}")
     elif s.blocked is not None:
         lines.append(f"{head}{describe_blocked(s.blocked)}{where}")
         if s.blocked.missing:
@@ -617,13 +646,22 @@ _P2P_HALVES = {"recv from ": "a send to", "send to ": "a recv from"}
 
 def _stall_lines(f: RunFailure) -> list[str]:
     """``rank 1 finished the test without calling timeline(); rank 0 waits in it``"""
-    who = ranks_words(sorted(f.left))
+    killed = sorted(r for r, how in f.left.items() if how == KILLED)
+    finished = sorted(r for r in f.left if r not in killed)
+    who = ranks_words(finished)
     waiting: dict[str, list[int]] = {}
     for rank, what in sorted(f.stall.items()):
         waiting.setdefault(what, []).append(rank)
     lines = []
     for what, ranks in waiting.items():
         wait = f"wait{'s' if len(ranks) == 1 else ''}"
+        if killed:
+            lines.append(
+                f"{ranks_words(killed)}, killed by the injected fault, can never take part in {what};"
+                f" {ranks_words(ranks)} {wait} in it"
+            )
+            if not finished:
+                continue
         # of a receive or a send, what the finished rank left out is the other half
         half = next((other for mine, other in _P2P_HALVES.items() if what.startswith(mine)), None)
         if half is not None:
@@ -637,7 +675,8 @@ def _stall_lines(f: RunFailure) -> list[str]:
 def _hang_lines(f: RunFailure) -> list[str]:
     early = f"hang: the ranks were stopped after {f.duration:.1f} s, not at the {f.limit:g} s limit:"
     if f.stall:
-        head = [early + " they wait for ranks that finished the test", *("  " + ln for ln in _stall_lines(f))]
+        gone = "were killed by an injected fault" if set(f.left.values()) == {KILLED} else "finished the test"
+        head = [early + f" they wait for ranks that {gone}", *("  " + ln for ln in _stall_lines(f))]
     elif f.desynced and any(st.state == "finished" for st in f.ranks.values()):
         # gloo let one side of the mismatched collective return: the other waits for ever
         head = [early + " they are blocked in a collective that can never match what the finished ranks called"]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import dump_signals
 from .errors import InjectedFault
 from .recorder import collectives, events
 
@@ -148,6 +149,7 @@ class FaultTrigger:
     armed: list[_Armed] = field(default_factory=list)
 
     def __call__(self, kind: str, phase: str, name: str, call_id: int) -> None:
+        __tracebackhide__ = True
         for entry in self.armed:
             if entry.fired or not entry.fault.at.matches(kind, phase, name):
                 continue
@@ -157,9 +159,11 @@ class FaultTrigger:
                 self._fire(entry.fault, call_id, phase)
 
     def _fire(self, fault: Fault, call_id: int, phase: str) -> None:
+        __tracebackhide__ = True
         info = {"fault": fault.call, "action": fault.action, "sign": fault.sign, "call_id": call_id, "phase": phase}
         self.log.write_watch_only(events.FIRED, info)
         if fault.action == KILL:
+            dump_signals.release(fault.signal)  # SIGUSR1 dumps stacks here, unless the test kills with it
             os.kill(os.getpid(), fault.signal)
             time.sleep(1.0)  # a signal that does not end at once still ends the process soon
         elif fault.action == STOP:
@@ -184,6 +188,7 @@ class Faults:
         self._trigger: FaultTrigger | None = None
 
     def _arm(self, fault: Fault) -> Fault:
+        __tracebackhide__ = True
         if not isinstance(fault.attempt, int) or isinstance(fault.attempt, bool) or fault.attempt < 0:
             raise FaultError(f"attempt={fault.attempt!r}: an attempt is an int >= 0")
         if self.rank in fault.ranks and fault.attempt == self.attempt:
@@ -218,14 +223,17 @@ class Faults:
 
     def kill(self, rank: Ranks, at: str, signal: str | int = "SIGKILL", *, attempt: int = 0) -> Fault:
         """The rank's process gets ``signal`` (SIGKILL) at that point."""
+        __tracebackhide__ = True
         return self._arm(Fault(KILL, _ranks(rank, self.world_size), parse_point(at), attempt, signal=_signal(signal)))
 
     def stop(self, rank: Ranks, at: str, *, attempt: int = 0) -> Fault:
         """SIGSTOP at that point: the rank is frozen, alive and its sockets open; killed at the end."""
+        __tracebackhide__ = True
         return self._arm(Fault(STOP, _ranks(rank, self.world_size), parse_point(at), attempt))
 
     def delay(self, rank: Ranks, at: str, seconds: float, *, attempt: int = 0) -> Fault:
         """The rank sleeps ``seconds`` there."""
+        __tracebackhide__ = True
         if (
             isinstance(seconds, bool)
             or not isinstance(seconds, (int, float))
@@ -239,6 +247,7 @@ class Faults:
         self, rank: Ranks, at: str, exc: BaseException | type[BaseException] | None = None, *, attempt: int = 0
     ) -> Fault:
         """Raise ``exc`` (``pytest_ddphooks.InjectedFault`` by default) there."""
+        __tracebackhide__ = True
         if (
             exc is not None
             and not isinstance(exc, BaseException)

@@ -214,7 +214,7 @@ class LeakGuard:
             if pid not in before.processes:
                 if cmd == "?":  # caught between fork and exec: let it become what it runs
                     cmd = procs.command_line(pid, settle=True)
-                leaks.append(Leak("process", cmd, f"process {pid} is still running: {cmd}", pid))
+                leaks.append(Leak("process", cmd, f"process {pid}{_forked(pid, cmd)} is still running: {cmd}", pid))
         for ident, t in after.threads.items():
             if ident not in before.threads or before.threads[ident] is not t:
                 leaks.append(thread_leak(t))
@@ -354,21 +354,44 @@ def _socket_leaks(wanted: frozenset[int]) -> list[Leak]:
         conns = psutil.Process().net_connections(kind="inet")
     except Exception:
         return leaks
+    for inode, path in sorted(_unix_listening(wanted).items()):
+        leaks.append(Leak("socket", path, f"Unix socket listening on {path} is still open", inode))
     by_fd = {fd: inode for inode, fds in _fds_by_inode().items() for fd in fds}
     for c in conns:
         inode = by_fd.get(c.fd)
         if inode not in wanted:
             continue
         local = f"{c.laddr.ip}:{c.laddr.port}" if c.laddr else "?"
-        if c.status == "LISTEN" or (not c.raddr and c.type == 2):
-            what = f"socket listening on {local}" + (" (UDP)" if c.type == 2 else "")
+        if c.status == "LISTEN":
+            what = f"socket listening on {local} is still open"
+        elif not c.raddr and c.type == socket.SOCK_DGRAM:
+            what = f"UDP socket bound to {local} is still open"
         else:
             remote = f"{c.raddr.ip}:{c.raddr.port}" if c.raddr else "?"
             what = f"connection {local} -> {remote} ({c.status}) is still open"
-        if c.status == "LISTEN":
-            what += " is still open"
         leaks.append(Leak("socket", local, what, inode or 0))
     return leaks
+
+
+_ACCEPTING = 0x10000  # __SO_ACCEPTCON in /proc/net/unix's flags: the socket listens
+
+
+def _unix_listening(inodes: frozenset[int]) -> dict[int, str]:
+    """Of these sockets, the Unix ones that listen (a server's; not the unnamed pairs that
+    libraries talk over), with their paths."""
+    out: dict[int, str] = {}
+    try:
+        with open("/proc/net/unix") as f:
+            rows = f.read().splitlines()[1:]
+    except OSError:
+        return out
+    for row in rows:
+        fields = row.split()
+        if len(fields) < 7 or not fields[6].isdigit() or int(fields[6]) not in inodes:
+            continue
+        if int(fields[3], 16) & _ACCEPTING:
+            out[int(fields[6])] = fields[7] if len(fields) > 7 else "(an unnamed address)"
+    return out
 
 
 def _python_sockets(inodes: set[int]) -> dict[int, list[socket.socket]]:
@@ -428,9 +451,13 @@ def _close(owners: dict[int, list[socket.socket]], inodes: set[int]) -> set[int]
     return closed
 
 
-def native_only(inodes: set[int]) -> set[int]:
-    """Of these sockets, those no Python socket object owns (native code's: a group's, a store's)."""
-    return inodes - set(_python_sockets(inodes))
+def _forked(pid: int, cmd: str) -> str:
+    """`` (a fork of this process, running Worker.run)`` for a child that still runs this
+    process's command line (multiprocessing's fork): what it runs is not what it says."""
+    if cmd != procs.command_line(os.getpid()):
+        return ""
+    target = ownership.process_target(pid)
+    return f" (a fork of this process{f', running {target}' if target else ''})"
 
 
 def _native_owners() -> str:

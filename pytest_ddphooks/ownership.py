@@ -111,16 +111,11 @@ def native_c10d_types() -> tuple[type, ...]:
     return tuple(t for t in found if isinstance(t, type))
 
 
-def reaches_native_c10d(roots: Iterable[Any]) -> bool:
-    """Whether such an object is reachable from ``roots``: its sockets go when it is collected."""
-    kinds = native_c10d_types()
-    return bool(kinds) and any(issubclass(type(o), kinds) for o in _reachable(roots))
-
-
 def held_processes(pids: set[int]) -> dict[int, str]:
-    """Of these pids, those whose multiprocessing process object live code still holds (a
-    pool's, an executor's, a data loader's workers: killing one breaks its owner, who
-    waits for it or raises when it dies), with what holds it."""
+    """Of these pids, those whose multiprocessing process object a pool-like owner holds
+    among its workers (a pool's, an executor's, a data loader's: killing one breaks its
+    owner, who waits for it or raises when it dies), with what holds it. A process kept on
+    its own (an attribute, a module's variable or list) is no worker of anything."""
     mp_process = sys.modules.get("multiprocessing.process")
     if not pids or mp_process is None:
         return {}
@@ -134,23 +129,44 @@ def held_processes(pids: set[int]) -> dict[int, str]:
             for r in gc.get_referrers(proc)
             if r is not registry and r is not everything and r is not found and type(r) is not types.FrameType
         ]
-        if holders:
+        owner = next((o for h in holders if (o := _pool_owner(h, everything)) is not None), None)
+        if owner is not None:
             pid = _pid_of(proc)
             assert pid is not None
-            out[pid] = _holder_words(holders[0], everything)
+            out[pid] = f"a {type(owner).__name__} object"
     return out
 
 
-def _holder_words(holder: Any, everything: list[Any]) -> str:
-    """``a Pool object``: the instance whose attribute (a list, a dict) holds the process."""
-    if isinstance(holder, (list, dict, set, tuple)):
-        for outer in gc.get_referrers(holder):
-            if outer is everything:
-                continue
-            if isinstance(outer, dict):  # an instance's __dict__
-                owner = next((o for o in gc.get_referrers(outer) if getattr(o, "__dict__", None) is outer), None)
-            else:
-                owner = outer if hasattr(outer, "__dict__") and not issubclass(type(outer), _OPAQUE) else None
-            if owner is not None:
-                return f"a {type(owner).__name__} object"
-    return f"a {type(holder).__name__} object"
+def _pool_owner(holder: Any, everything: list[Any]) -> Any:
+    """The instance (not a module) whose attribute is the collection ``holder`` (its list or
+    dict of workers), or None."""
+    if not isinstance(holder, (list, dict, set, tuple)):
+        return None
+    for outer in gc.get_referrers(holder):
+        if outer is everything:
+            continue
+        if isinstance(outer, dict):  # an instance's __dict__
+            owner = next((o for o in gc.get_referrers(outer) if getattr(o, "__dict__", None) is outer), None)
+        else:
+            owner = outer if hasattr(outer, "__dict__") else None
+        if owner is not None and not issubclass(type(owner), _OPAQUE):
+            return owner
+    return None
+
+
+def process_target(pid: int) -> str | None:
+    """What the multiprocessing process object of ``pid`` runs, where that is known (its
+    class's own ``run``), if such an object is alive."""
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is None:
+        return None
+    for o in gc.get_objects():
+        if issubclass(type(o), mp_process.BaseProcess) and _pid_of(o) == pid:
+            target = getattr(o, "_target", None)  # start() lets go of it
+            if target is None:
+                overridden = getattr(type(o), "run", None) is not mp_process.BaseProcess.run
+                return f"{type(o).__qualname__}.run" if overridden else None
+            module = getattr(target, "__module__", None)
+            name = getattr(target, "__qualname__", None) or repr(target)
+            return f"{module}.{name}" if module else name
+    return None

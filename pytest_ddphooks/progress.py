@@ -137,6 +137,15 @@ class RankProgress:
         if started is not None and started.get("native") and "error" not in info:
             return  # issued: native code waits for it where no event tells
         state.inside.pop(call_id, None)
+        if started is not None and info.get("issued") is False:
+            # raised before it reached the group (a fault injected as it began): never entered
+            key = collective_key(started) if kind == events.COLLECTIVE and started.get("seq") else None
+            if key is not None and state.entered.get(key) is started:
+                del state.entered[key]
+            if started.get("sync") == collectives.SEND:
+                sent = (started.get("group"), started.get("dst"), started.get("tag", 0))
+                state.sent[sent] = max(state.sent.get(sent, 0) - 1, 0)
+            return
         if started is not None and started.get("sync") == collectives.RECV and "error" not in info:
             key = (started.get("group"), info.get("src", started.get("src")), started.get("tag", 0))
             state.received[key] = state.received.get(key, 0) + 1
@@ -210,8 +219,9 @@ class RankProgress:
         return (tuple(cycle), tuple(self._of(r).count for r in cycle))
 
     def stalled(self, finished: dict[int, str], live: set[int], world_size: int) -> dict[int, tuple[str, list[int]]]:
-        """Live ranks that wait for a rank which finished the test (``finished``: rank -> how)
-        and never entered what they wait in: rank -> (what it waits in, those ranks)."""
+        """Live ranks that wait for a rank which finished the test (``finished``: rank -> how;
+        ``KILLED``: an injected fault killed it) and never entered what they wait in, or was
+        killed: rank -> (what it waits in, those ranks)."""
         out: dict[int, tuple[str, list[int]]] = {}
         for rank in sorted(live):
             state = self._of(rank)
@@ -236,6 +246,8 @@ class RankProgress:
             src = info.get("src")
             if src is None or src not in finished:
                 return []
+            if finished[src] == KILLED:
+                return [int(src)]
             key = (info.get("group"), src, info.get("tag", 0))
             sent = self._of(int(src)).sent.get((info.get("group"), rank, info.get("tag", 0)), 0)
             return [int(src)] if sent <= self._of(rank).received.get(key, 0) else []
@@ -244,6 +256,8 @@ class RankProgress:
             dst = info.get("dst")
             if dst is None or dst not in finished:
                 return []
+            if finished[dst] == KILLED:
+                return [int(dst)]
             tag = info.get("tag", 0)
             sent = self._of(rank).sent.get((info.get("group"), dst, tag), 0)
             return [int(dst)] if self._of(int(dst)).received.get((info.get("group"), rank, tag), 0) < sent else []
@@ -251,7 +265,12 @@ class RankProgress:
             return []
         members = info.get("ranks") or list(range(int(info.get("group_size") or world_size)))
         key = collective_key(info)
-        return [m for m in members if m in finished and not self._may_have_entered(self._of(m), key)]
+        # a member killed (by an injected fault) can never finish it, entered or not
+        return [
+            m
+            for m in members
+            if m in finished and (finished[m] == KILLED or not self._may_have_entered(self._of(m), key))
+        ]
 
     @staticmethod
     def _may_have_entered(state: _Rank, key: tuple[Any, ...]) -> bool:
@@ -264,6 +283,9 @@ class RankProgress:
         if state.final is None or str(key[1]) not in state.final:
             return True  # nothing says it did not: never a stall on a guess
         return int(key[2]) <= state.final[str(key[1])]
+
+
+KILLED = "killed"  # how a rank an injected fault killed left the test
 
 
 def _blocking_collective(info: dict[str, Any]) -> bool:

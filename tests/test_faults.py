@@ -298,3 +298,140 @@ def test_dies_twice(rank, faults):
         "attempt 1: rank 0 failed after rank 1, because its peer went away; rank 1 killed by the injected fault *",
         "*rank 0: failed after rank 1, because its peer went away: *",
     )
+
+
+def test_a_raise_as_a_collective_begins_means_the_rank_never_entered_it(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_rank1_gives_up_on_its_second_step(rank, faults):
+    faults.raise_(rank=1, at="dist.all_reduce#2")
+    try:
+        two_steps()
+    except InjectedFault:
+        pass
+
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_rank1_retries(rank, faults, recorder):
+    faults.raise_(rank=1, at="dist.all_reduce#2")
+    try:
+        two_steps()
+    except InjectedFault:
+        dist.all_reduce(torch.ones(2))  # the retry is the second all_reduce of the group
+    recorder.timeline().assert_collectives_match()
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "hang: the ranks were stopped after * s, not at the 60 s limit: they wait for ranks that finished the test",
+        "  rank 1 finished the test without calling all_reduce #2 on the default group; rank 0 waits in it",
+    )
+    assert ran.seconds < 30
+
+
+def test_a_rank_waiting_for_one_a_fault_killed_is_stopped_naming_it(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_timeline_after_a_kill(rank, faults, recorder):
+    faults.kill(rank=1, at="dist.all_reduce#2")
+    if rank == 0:
+        with pytest.raises(RuntimeError):
+            two_steps()
+        recorder.timeline()  # rank 1 can never join it
+    else:
+        two_steps()
+
+@pytest.mark.multirank(world_size=3, timeout=60)
+def test_ring_of_three(rank, faults):
+    faults.kill(rank=2, at="dist.all_reduce#1")
+    try:
+        dist.all_reduce(torch.ones(2))
+    except RuntimeError:
+        if rank == 0:
+            raise
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=2)
+    ran.lines(
+        "hang: the ranks were stopped after * s, not at the 60 s limit: they wait for ranks that were killed by an"
+        " injected fault",
+        "  rank 1, killed by the injected fault, can never take part in timeline(); rank 0 waits in it",
+    )
+    assert ran.seconds < 40
+
+
+def test_a_kill_with_the_signal_the_harness_dumps_stacks_on_still_kills(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_usr1_kills(rank, faults):
+    faults.kill(rank=1, at="dist.all_reduce#2", signal="SIGUSR1")
+    if rank == 0:
+        with pytest.raises(RuntimeError):
+            two_steps()
+    else:
+        two_steps()
+        raise AssertionError("rank 1 outlived its SIGUSR1")
+
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_winch_is_ignored(rank, faults):
+    faults.kill(rank=1, at="dist.all_reduce#2", signal="SIGWINCH")
+    two_steps()
+    assert rank == 0
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "rank 1 was sent the signal of the injected fault kill(at='dist.all_reduce#2', signal='SIGWINCH') at event #*,"
+        " and lived on (it handles or ignores it)"
+    )
+
+
+def test_a_rank_that_failed_before_its_fault_is_not_said_to_have_never_armed_it(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_rank1_fails_first(rank, faults):
+    if rank == 1:
+        raise FileNotFoundError("data.bin")
+    faults.kill(rank=1, at="dist.all_reduce#1")
+    dist.all_reduce(torch.ones(2))
+
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_armed_too_late(rank, faults):
+    two_steps()
+    faults.kill(rank=1, at="dist.all_reduce#2")
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=2)
+    ran.lines("*rank 1: failed: FileNotFoundError: data.bin")
+    ran.lines("*rank 1: failed: pytest_ddphooks.FaultError: kill(rank=1, at='dist.all_reduce#2'): rank 1 was past*")
+    ran.no_lines("*never fired*")
+    ran.no_lines("*faults.py*")  # the error ends at the test's own line
+
+
+def test_a_hang_behind_an_injected_delay_says_the_rank_sleeps_there(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=3)
+def test_long_delay(rank, faults):
+    faults.delay(rank=1, at="dist.all_reduce#1", seconds=100)
+    two_steps()
+"""
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "  rank 1: delayed by the injected fault delay(at='dist.all_reduce#1', seconds=100) at event #*: sleeping"
+        " there as it entered all_reduce #1 on the default group, not yet inside it"
+    )
+    ran.no_lines("  rank 1: blocked in*")

@@ -440,16 +440,34 @@ def test_unittest_class_resources_are_judged_when_the_class_ends(pytester) -> No
 
             def test_b(self):
                 pass
+
+        class TestMethodLeaks(unittest.TestCase):
+            def test_leaves_a_process(self):
+                subprocess.Popen(["sleep", "302"])
+
+            def test_sees_none(self):
+                import psutil
+
+                alive = [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
+                assert not [p for p in alive if "302" in " ".join(p.cmdline())]
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=4, errors=1)
+    result.assert_outcomes(passed=6, errors=2)
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of TestSloppy.test_b*",
-            "unittest class TestSloppy, set up for test_unit.py::TestSloppy::test_a,"
+            "unittest class TestSloppy (its setUp), set up for test_unit.py::TestSloppy::test_a,"
             " left behind when its scope ended (cleaned up):",
             "  process * is still running: sleep 301",
+        ]
+    )
+    # what a test method itself leaves is its own leak, cleaned before the next test
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of TestMethodLeaks.test_leaves_a_process*",
+            "test_unit.py::TestMethodLeaks::test_leaves_a_process leaked (cleaned up before the next test):",
+            "  process * is still running: sleep 302",
         ]
     )
 
@@ -557,3 +575,148 @@ def test_what_a_lingering_thread_makes_while_the_guard_waits_is_the_tests_leak(i
     )
     ran.result.assert_outcomes(passed=2, errors=1)
     ran.lines("*test_delayed leaked (cleaned up before the next test):", "  process * is still running: sleep 300")
+
+
+def test_an_xfail_never_takes_a_leak_for_the_failure_it_expects(inner) -> None:
+    ran = inner(
+        """
+        import subprocess
+        import pytest
+
+        @pytest.mark.xfail(reason="bug 123")
+        def test_known_bug_that_leaks():
+            subprocess.Popen(["sleep", "303"])
+            assert False
+
+        @pytest.mark.xfail(reason="bug 124")
+        def test_known_bug_clean():
+            assert False
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(xfailed=2, errors=1)
+    ran.lines(
+        "*ERROR at teardown of test_known_bug_that_leaks*",
+        "test_inner.py::test_known_bug_that_leaks leaked (cleaned up before the next test):",
+        "  process * is still running: sleep 303",
+    )
+
+
+def test_a_leak_warning_raised_as_an_error_shows_the_leak_not_the_guard(inner) -> None:
+    ran = inner(
+        """
+        import os
+
+        def test_sets_rank():
+            os.environ["WORLD_SIZE"] = "7"
+        """,
+        "--ddp-leaks=warn",
+        "-W",
+        "error",
+    )
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines(
+        "LeakWarning: test_inner.py::test_sets_rank leaked (cleaned up before the next test):",
+        "  environment variable WORLD_SIZE='7' was set",
+    )
+    ran.no_lines("*leaks.py*")
+
+
+def test_each_wider_fixture_answers_for_what_its_own_setup_made(inner) -> None:
+    ran = inner(
+        """
+        import http.server
+        import socket
+        import threading
+        import pytest
+
+        KEEP = []
+
+        @pytest.fixture(scope="session")
+        def clean_session():
+            yield 1
+
+        @pytest.fixture(scope="module")
+        def kept_socket():
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            KEEP.append(s)  # kept by the module as well: letting go of the value closes nothing
+            yield s
+
+        @pytest.fixture(scope="module")
+        def served():
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+            threading.Thread(target=server.serve_forever, name="never-shut-down", daemon=True).start()
+            yield server  # no shutdown: its thread keeps the server, and the server its socket
+
+        def test_uses_them(clean_session, kept_socket, served):
+            pass
+        """,
+        "-rA",
+        subprocess=True,  # the thread it cannot stop stays: not in this session
+    )
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines(
+        "fixture 'kept_socket' (module scope), set up for test_inner.py::test_uses_them, left behind when its"
+        " scope ended (cleaned up):",
+        "  socket listening on 127.0.0.1:* is still open",
+    )
+    ran.lines("fixture 'served' (module scope), set up for test_inner.py::test_uses_them, left behind*")
+    ran.lines("  daemon thread 'never-shut-down' * is still running*")
+    ran.no_lines("*'clean_session'*")
+
+
+def test_a_process_object_kept_outside_any_pool_is_killed(inner) -> None:
+    ran = inner(
+        """
+        import multiprocessing
+        import time
+
+        class Holder:
+            pass
+
+        HOLDER = Holder()
+
+        def test_keeps_a_process():
+            HOLDER.process = multiprocessing.get_context("fork").Process(target=time.sleep, args=(304,))
+            HOLDER.process.start()
+
+        def test_next():
+            assert not HOLDER.process.is_alive()
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=2, errors=1)
+    ran.lines(
+        "test_inner.py::test_keeps_a_process leaked (cleaned up before the next test):",
+        "  process * (a fork of this process) is still running: *",
+    )
+
+
+def test_udp_and_unix_sockets_are_named_as_what_they_are(inner) -> None:
+    ran = inner(
+        """
+        import socket
+
+        KEEP = []
+
+        def test_udp():
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("127.0.0.1", 0))
+            KEEP.append(s)
+
+        def test_unix(tmp_path):
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(str(tmp_path / "server.sock"))
+            s.listen()
+            KEEP.append(s)
+
+        def test_pair_is_no_server():
+            KEEP.extend(socket.socketpair())
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=3, errors=2)
+    ran.lines("  UDP socket bound to 127.0.0.1:* is still open")
+    ran.lines("  Unix socket listening on */server.sock is still open")

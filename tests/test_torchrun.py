@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +39,7 @@ def test_results_of_all_ranks_are_merged_on_rank_0(pytester: pytest.Pytester, tm
 
         @pytest.mark.multirank(world_size=2)
         def test_fails_on_rank_1(rank):
+            print(f"said on rank {rank}")
             dist.barrier()
             assert rank == 0, "only rank 0 may pass"
 
@@ -67,6 +69,9 @@ def test_results_of_all_ranks_are_merged_on_rank_0(pytester: pytest.Pytester, tm
         "test_spmd.py::test_three: world_size=3, but torchrun launched 2 ranks",
     ):
         assert line in out, out
+    # each rank's output, labelled (not rank 0's alone, as if it were the test's)
+    assert "Captured stdout rank 1 call" in out and "said on rank 1" in out, out
+    assert "Captured stdout rank 0 call" in out and "Captured stdout call -" not in out, out
     assert [p.name for p in marks.iterdir()] == ["plain-0"]
     cases = {c.get("name"): c for c in ET.parse(xml).getroot().iter("testcase")}
     assert set(cases) == {"test_launched", "test_fails_on_rank_1", "test_plain"}
@@ -125,9 +130,12 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
             pass
         """
     )
-    code, out, seconds = torchrun(pytester.path, "--junitxml=out.xml")
+    code, out, seconds = torchrun(pytester.path, "--junitxml=out.xml", "--ddp-trace-dir=traces")
     assert code != 0
     assert "test_stuck.py::test_hang did not finish within 2 s; the run stops" in out
+    # the swimlanes of both ranks, and the trace
+    assert "recorded timeline:" in out and "rank 0 " in out and "| rank 1" in out, out
+    assert [p.suffix for p in (pytester.path / "traces").iterdir()] == [".json"]
     # who waits where, and who never came
     assert "  barrier #1 on group default: rank 0 waits in it, rank 1 never entered it" in out
     assert "test_stuck.py:9 in test_hang: time.sleep(0.05)" in out
@@ -139,6 +147,8 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
     assert case is not None
     failure = case.find("failure")
     assert failure is not None and "rank 1 never entered it" in (failure.text or "")
+    # the ranks end as a session with a failed test does (3 would say pytest crashed)
+    assert not re.search(r"exitcode\s*:\s*3\b", out), out
 
 
 def test_markers_mean_under_torchrun_what_they_mean_without_it(pytester: pytest.Pytester) -> None:
@@ -420,3 +430,44 @@ def test_a_rank_that_dies_still_lets_rank_0_report_in_the_time_torchrun_gives(py
     assert "  rank 0: failed: RuntimeError: " in out
     case = ET.parse(pytester.path / "out.xml").getroot().find(".//testcase[@name='test_rank1_dies']")
     assert case is not None and case.find("failure") is not None
+
+
+def test_xdist_under_torchrun_is_a_clear_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_x(rank):
+            pass
+        """
+    )
+    code, out, seconds = torchrun(pytester.path, "-n", "2")
+    assert code != 0
+    assert "pytest-xdist (-n) cannot run under torchrun: every rank torchrun launched runs the whole session" in out
+    assert seconds < 60
+
+
+def test_exitfirst_stops_every_rank_when_a_plain_test_fails_on_one(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_x_first="""
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        def test_fails_on_rank_0():
+            assert os.environ["RANK"] != "0"
+
+        def test_never_runs():
+            pass
+
+        @pytest.mark.multirank(world_size=2)
+        def test_multirank_never_runs(rank):
+            dist.barrier()
+        """
+    )
+    code, out, seconds = torchrun(pytester.path, "-x", "--ddp-plain-tests=all", "-rA")
+    assert code != 0
+    assert "= 1 failed in" in out, out
+    assert "forcefully exiting" not in out, out  # rank 1 stopped too, torchrun never had to kill it
+    assert seconds < 25

@@ -117,3 +117,31 @@ def test_y(rank):
     result = pytester.runpytest("-p", "no:cacheprovider", f"--ddp-trace-dir={traces}", "sub/test_x.py", "sub_test_x.py")
     result.assert_outcomes(failed=2)
     assert len(list(traces.iterdir())) == 2
+
+
+def test_a_trace_shows_the_injected_fault_and_ends_a_killed_ranks_call_with_it(inner, tmp_path) -> None:
+    traces = tmp_path / "traces"
+    ran = inner(
+        """
+        import time
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=30)
+        def test_killed_peer(rank, faults):
+            faults.kill(rank=1, at="dist.all_reduce#2")
+            dist.all_reduce(torch.ones(1))
+            dist.all_reduce(torch.ones(1))
+        """,
+        f"--ddp-trace-dir={traces}",
+    )
+    ran.result.assert_outcomes(failed=1)
+    (trace,) = traces.iterdir()
+    events = json.loads(trace.read_text())["traceEvents"]
+    fault = [e for e in events if e["ph"] == "i" and e["name"] == "injected fault kill(at='dist.all_reduce#2')"]
+    assert [e["pid"] for e in fault] == [1]
+    (killed_in,) = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["args"].get("never_ended")]
+    assert killed_in["name"] == "dist.all_reduce" and killed_in["args"]["ended_with_the_rank"] is True
+    # it ends where the rank was killed, not where the run ended
+    assert killed_in["ts"] + killed_in["dur"] == pytest.approx(fault[0]["ts"], abs=1.0)

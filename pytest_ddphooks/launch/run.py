@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from .. import coverage_relay
 from ..files import read_bytes
-from ..progress import RankProgress
+from ..progress import KILLED, RankProgress
 from ..recorder import events
 from ..recorder.events import EventReader, RawEvent
 from ..recorder.timeline import Timeline
@@ -46,6 +46,9 @@ STALL_SETTLE_SECONDS = 0.1
 # a cycle of ranks waiting for each other must hold this long, nothing recorded meanwhile: a
 # thread of one of them could still enter the collective another waits in
 DEADLOCK_SETTLE_SECONDS = 2.0
+# a rank waits for one an injected fault killed (in timeline(), or in a collective gloo did not
+# fail when the connection closed): taken as waiting for ever once it held this long
+KILLED_SETTLE_SECONDS = 2.0
 # a rank died: the others' collectives raise once its connections close; they get this long
 # to write their own result before they are stopped
 DEATH_GRACE_SECONDS = 0.5
@@ -288,16 +291,22 @@ class RunWatch:
         self._ask_native([r for r in live if counts.get(r, 0) == self._counts.get(r, -1)])
         self._counts = counts
         left = {r: outcome for r, outcome in self.finished.items() if outcome != "failed"}
+        killed = [r for r in self.report.exits if r not in self.finished and self._progress.injected(r) == "kill"]
+        left.update((r, KILLED) for r in killed)
         stalled = self._progress.stalled(left, live, self.job.world_size) if left else {}
         now = time.monotonic()
-        if stalled and self._stalled_since is not None and now - self._stalled_since >= STALL_SETTLE_SECONDS:
+        # a peer's death makes most collectives raise at once, which a test may expect: a wait
+        # on a killed rank is taken as for ever only once it held for longer
+        settle = KILLED_SETTLE_SECONDS if any(left[r] == KILLED for _, a in stalled.values() for r in a) else 0
+        settle = max(settle, STALL_SETTLE_SECONDS)
+        if stalled and self._stalled_since is not None and now - self._stalled_since >= settle:
             waited_for = sorted({r for _, absent in stalled.values() for r in absent})
             self.report.stall = Stall({r: what for r, (what, _) in stalled.items()}, {r: left[r] for r in waited_for})
             self._stop("stopped: it waited for ranks that had finished the test")
             return
         if stalled:
             self._stalled_since = self._stalled_since or now
-            self._next_poll = min(self._next_poll, self._stalled_since + STALL_SETTLE_SECONDS)
+            self._next_poll = min(self._next_poll, self._stalled_since + settle)
         else:
             self._stalled_since = None
         if stall_only:
@@ -392,7 +401,7 @@ class RunWatch:
                     report.ended_ns[r] = int(rec[1])
                 which = watch_only.get(rec[3])
                 if which is not None:
-                    which.setdefault(r, []).append(dict(rec[6] or {}))
+                    which.setdefault(r, []).append({**(rec[6] or {}), "t_ns": int(rec[1])})
         # last: the fork server removes the run's folder once its ranks are gone; when some
         # are still leaving, the session goes on without waiting for them
         report.swept = self.launcher.finish(job.test_id, job.label, wait=len(report.exits) == job.world_size)

@@ -23,7 +23,7 @@ import pytest
 from .. import coverage_relay, ownership, singletons, spmd
 from ..errors import LeakWarning
 from ..launch import procs
-from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot, env_now, native_only
+from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot
 from .markers import is_special
 from .session import DdpSession
 from .special import runs_here
@@ -33,6 +33,7 @@ WIDER_KEY = pytest.StashKey[dict[str, tuple[Any, Any]]]()  # the wider fixtures'
 SCOPED_KEY = pytest.StashKey[list[Any]]()
 AFTER_SETUP_KEY = pytest.StashKey[Snapshot]()
 RANK_LEAKS_KEY = pytest.StashKey[list[Leak]]()
+UNITTEST_SETUP_KEY = pytest.StashKey[Snapshot]()  # as a unittest test's setUp returned
 ALLOW_KEY = pytest.StashKey["Allowlist | None"]()
 ALLOW_MARKER = "ddp_allow_leaks"
 ALLOW_HELP = (
@@ -40,6 +41,17 @@ ALLOW_HELP = (
     " 'thread:worker-*', 'process:*redis*', 'group', 'socket:127.0.0.1:*', 'env:MASTER_PORT';"
     " no entries allows everything"
 )
+
+
+_LEAK_MARK = "_ddphooks_leak"
+
+
+def _leak_failure(message: str) -> BaseException:
+    """The leak guard's failure of a test's teardown, marked so that no xfail takes it for
+    the failure the test expects."""
+    failure = pytest.fail.Exception(message, pytrace=False)
+    setattr(failure, _LEAK_MARK, True)
+    return failure
 
 
 @dataclass
@@ -87,23 +99,23 @@ class LeakHooks:
         self.session_report: list[str] = []
         self.relaunched = spmd.relaunched_rank() is not None
         self.late = ddp.late_leaks  # filled by the multirank hooks as the session ends
-        # wider-scoped fixture -> the environment variables its own setup changed: of several
-        # fixtures set up for one test, the one that set a variable is the one named for it
-        self._env_set_by: dict[str, set[str]] = {}
+        # wider-scoped fixture -> what its own setup made: of several fixtures set up for one
+        # test, the one that made a thing is the one named for it, and checked as its scope ends
+        self._made_by: dict[str, list[Leak]] = {}
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Generator[None, object, object]:
         __tracebackhide__ = True  # what fails inside is the test's, not this hook's
-        if fixturedef.scope == "function":
+        module = getattr(fixturedef.func, "__module__", "") or ""
+        if fixturedef.scope == "function" or module.startswith("pytest_ddphooks"):
             return (yield)
-        before = env_now()
+        with coverage_relay.HarnessWork():
+            before = self.guard.snapshot()
         try:
             return (yield)
         finally:
-            after = env_now()
-            changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
-            if changed:
-                self._env_set_by[fixturedef.argname] = changed
+            with coverage_relay.HarnessWork():
+                self._made_by[fixturedef.argname] = self.guard.find(before)
 
     def _allow_for(self, item: pytest.Item) -> Allowlist | None:
         """The allowlist of one test, or None when its marker allows everything; read at its
@@ -184,6 +196,22 @@ class LeakHooks:
         node = item.getparent(kinds[scope]) if scope in kinds else None
         return node if node is not None else item.session
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
+        case = getattr(item, "instance", None) if type(item).__name__ == "TestCaseFunction" else None
+        call_setup = getattr(case, "_callSetUp", None)
+        if callable(call_setup):
+            # unittest runs setUp, the method and tearDown in one call: what setUp made is
+            # told apart from what the method left by a look between them
+            def set_up_then_look() -> None:
+                call_setup()
+                with coverage_relay.HarnessWork():
+                    item.stash[UNITTEST_SETUP_KEY] = self.guard.snapshot()
+
+            case._callSetUp = set_up_then_look  # type: ignore[union-attr]
+        return (yield)
+
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
         __tracebackhide__ = True  # what fails inside is the test's, not this hook's
@@ -195,7 +223,8 @@ class LeakHooks:
                 with coverage_relay.HarnessWork():
                     self._check(item)
             finally:
-                del item.stash[WIDER_KEY]  # the values would otherwise live as long as the session
+                if WIDER_KEY in item.stash:  # the values would otherwise live as long as the session
+                    del item.stash[WIDER_KEY]
 
     def _check(self, item: pytest.Item) -> None:
         before = item.stash.get(BEFORE_KEY, None)
@@ -223,11 +252,12 @@ class LeakHooks:
             owned = [lk for lk in leaks if any(lk.same(m) for m in made_in_setup)]
             if owned:
                 fixtures = item.stash[SCOPED_KEY]
-                # an environment variable is the fixture's that set it; the rest, all of theirs
+                # each thing is the fixture's whose setup made it; what none made alone (a
+                # thread one started for another), all of theirs
                 by_owner: dict[tuple[Any, ...], list[Leak]] = {}
                 for lk in owned:
-                    setters = [fd for fd in fixtures if lk.key in self._env_set_by.get(fd.argname, ())]
-                    by_owner.setdefault(tuple(setters if lk.kind == "env" and setters else fixtures), []).append(lk)
+                    makers = [fd for fd in fixtures if any(lk.same(m) for m in self._made_by.get(fd.argname, ()))]
+                    by_owner.setdefault(tuple(makers or fixtures), []).append(lk)
                 for owners, theirs in by_owner.items():
                     nodes = [self._scope_node(item, fd.scope) for fd in owners]
                     owner = "fixture " + ", ".join(f"{fd.argname!r} ({fd.scope} scope)" for fd in owners)
@@ -236,12 +266,16 @@ class LeakHooks:
         if leaks:
             leaks = self._defer_what_fixtures_own(item, before, leaks)
         if leaks and type(item).__name__ == "TestCaseFunction" and item.parent is not None:
-            # a unittest class keeps what setUp/setUpClass made for all its tests (torch's
+            # a unittest class keeps what setUp made for all its tests (torch's
             # MultiProcContinuousTest spawns its workers in the first setUp): judged when the
-            # class ends, after tearDownClass
-            owner = f"unittest class {item.parent.name}"
-            self.pending.append(_Pending([item.parent], owner, item.nodeid, before, leaks))
-            leaks = []
+            # class ends, after tearDownClass; what the test method itself left is its own
+            after_setup_method = item.stash.get(UNITTEST_SETUP_KEY, None)
+            made = self.guard.find(before, after_setup_method) if after_setup_method is not None else leaks
+            kept = [lk for lk in leaks if any(lk.same(m) for m in made)]
+            if kept:
+                owner = f"unittest class {item.parent.name} (its setUp)"
+                self.pending.append(_Pending([item.parent], owner, item.nodeid, before, kept))
+                leaks = [lk for lk in leaks if lk not in kept]
         own = [lk for lk in leaks if allow is not None and not allow.allows(lk)]
         if any(lk.kind == "group" for lk in leaks if lk not in own):
             # an allowed group is allowed with its connections and its store's listening socket
@@ -261,6 +295,8 @@ class LeakHooks:
                 holders=_holders(item),
                 newly=lambda lk: lk.kind == "process" and not any(lk.same(o) for o in found) and not allow.allows(lk),
             )
+        if WIDER_KEY in item.stash:  # the values of scopes that end now go, as pytest lets them go
+            del item.stash[WIDER_KEY]
         ended = self._ended_scopes(item)
         self._report(item, rank_leaks + self.guard.clean(own, before), ended)
 
@@ -299,20 +335,13 @@ class LeakHooks:
 
     def _still(self, entry: _Pending, item: pytest.Item | None = None) -> list[Leak]:
         """What a wider-scoped fixture made and is still there, not allowed, once settled.
-        What the test being torn down still holds in its arguments (the fixture's value, which
-        pytest lets go right after this teardown) goes with them: no leftover."""
+        The test being torn down lets go of the fixture's value first (as pytest does right
+        after this teardown): what only that value kept goes with it (a group or store closes
+        its sockets as it is collected); what anything else keeps (a global, a thread still
+        running) stays, and is the fixture's leftover."""
         still = [lk for lk in self.guard.find(entry.before) if any(lk.same(o) for o in entry.leaks)]
         still = [lk for lk in still if not self.allow.allows(lk)]
-        args = dict(getattr(item, "funcargs", None) or {})
-        if still and args:
-            held = set().union(*ownership.owned(args, still).values())
-            sockets = {lk.ref for lk in still if lk.kind == "socket" and ("socket", lk.ref) not in held}
-            if sockets and ownership.reaches_native_c10d(args.values()):
-                # a group or store the value holds keeps its sockets in native code, out of
-                # sight of Python references: they close as it is collected, right after
-                held |= {("socket", inode) for inode in native_only(sockets)}
-            still = [lk for lk in still if (lk.kind, lk.ref) not in held]
-        return self.guard.settle(entry.before, still)
+        return self.guard.settle(entry.before, still, holders=_holders(item) if item is not None else ())
 
     def _ended_scopes(self, item: pytest.Item) -> list[tuple[_Pending, list[Outcome]]]:
         stack = getattr(item.session, "_setupstate", None)
@@ -338,9 +367,21 @@ class LeakHooks:
             return
         message = "\n".join(lines)
         if self.mode == "fail" and not self.relaunched:
-            pytest.fail(message, pytrace=False)
+            raise _leak_failure(message)
         path, lineno, _ = item.reportinfo()
-        warnings.warn_explicit(LeakWarning(message), LeakWarning, str(path), (lineno or 0) + 1)
+        try:
+            warnings.warn_explicit(LeakWarning(message), LeakWarning, str(path), (lineno or 0) + 1)
+        except LeakWarning:  # -W error: the test's error, in the same words
+            raise _leak_failure(f"LeakWarning: {message}") from None
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        report = yield
+        if call.excinfo is not None and getattr(call.excinfo.value, _LEAK_MARK, False) and hasattr(report, "wasxfail"):
+            # an xfail expects the test's own failure, never what it left behind
+            report.outcome = "failed"
+            del report.wasxfail
+        return report
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.guard.clean([lk for lk in self.allowed_processes if procs.is_running(lk.ref)], Snapshot())

@@ -221,21 +221,34 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
             started_ns=report.started_ns if report.prepared else 0,
             stopped_ns=report.stopped_at_ns,
         )
-    if (
-        verdict.failure is not None
-        and settings.trace_dir
-        and report.timeline is not None
-        and not _xfails(item, verdict)
-    ):
-        taken = item.config.stash.setdefault(_TRACE_NAMES_KEY, {})
-        target = os.path.join(settings.trace_dir, trace_file_name(item.nodeid, taken))
-        try:
-            path = report.timeline.to_chrome_trace(target, stopped_ns=report.stopped_at_ns)
-        except OSError as exc:  # the test's own failure is what the report is about
-            message = f"--ddp-trace-dir: cannot write {target}: {type(exc).__name__}: {exc}"
-            warn_never_raising(item.config, pytest.PytestWarning(message), item)
-        else:
-            verdict.failure.trace = path
+    if verdict.failure is not None and not _xfails(item, verdict):
+        verdict.failure.trace = write_trace(item, report, settings) or verdict.failure.trace
+
+
+def write_trace(item: pytest.Item, report: RunReport, settings: Settings) -> str | None:
+    """A failed run's timeline as a Chrome trace under ``--ddp-trace-dir`` (with what injected
+    faults did, and a killed rank's calls ending with it); the path, or None."""
+    if not settings.trace_dir or report.timeline is None:
+        return None
+    taken = item.config.stash.setdefault(_TRACE_NAMES_KEY, {})
+    target = os.path.join(settings.trace_dir, trace_file_name(item.nodeid, taken))
+    notes = [
+        (r, int(info["t_ns"]), f"injected fault {info.get('fault')}")
+        for r, fired in sorted(report.fired.items())
+        for info in fired
+        if "t_ns" in info
+    ]
+    killed = {
+        r: int(fired[-1]["t_ns"])
+        for r, fired in report.fired.items()
+        if fired and fired[-1].get("action") == "kill" and "t_ns" in fired[-1] and r not in report.results
+    }
+    try:
+        return report.timeline.to_chrome_trace(target, stopped_ns=report.stopped_at_ns, notes=notes, ended=killed)
+    except OSError as exc:  # the test's own failure is what the report is about
+        message = f"--ddp-trace-dir: cannot write {target}: {type(exc).__name__}: {exc}"
+        warn_never_raising(item.config, pytest.PytestWarning(message), item)
+        return None
 
 
 def safe_name(name: str) -> str:

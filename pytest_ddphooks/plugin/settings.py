@@ -170,4 +170,10 @@ def _spmd_mode(config: pytest.Config) -> bool:
             "--ddp-spmd=on needs the environment torchrun gives its ranks (RANK, WORLD_SIZE, MASTER_ADDR,"
             " MASTER_PORT, TORCHELASTIC_RUN_ID): run the session under torchrun, or leave --ddp-spmd=auto"
         )
-    return mode == "on" or (mode == "auto" and spmd.launched())
+    on = mode == "on" or (mode == "auto" and spmd.launched())
+    if on and (getattr(config.option, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")):
+        raise pytest.UsageError(
+            "pytest-xdist (-n) cannot run under torchrun: every rank torchrun launched runs the whole session"
+            " already; run `torchrun ... -m pytest` without -n, or pytest -n without torchrun"
+        )
+    return on

@@ -49,7 +49,7 @@ from ..stacks import format_stack, parse_stacks, user_frame
 from . import page
 from .markers import RUN_KEY
 from .rankbody import outcome_of
-from .reports import fail_with, keep_artifacts, raise_verdict
+from .reports import fail_with, keep_artifacts, raise_verdict, write_trace
 from .session import DdpSession
 from .terminal import terminal_markup
 
@@ -80,6 +80,8 @@ class SpmdHooks:
         self.deselected: list[str] = []
         self.generation = 0
         self._exchanges = 0
+        self._tests = 0  # multirank tests begun: the store keys of each test's events
+        self._events_key = ""
         self.group_ok = False
         self.current: str | None = None
         self.ack: str | None = None  # set once rank 0 reported a hung rank's test
@@ -194,6 +196,11 @@ class SpmdHooks:
                 self.coord.store.set(SESSION_DONE, b"1")
             elif self.stopping is None:  # stopped by torchrun: rank 0 is being stopped too
                 self.coord.store.wait([SESSION_DONE], timedelta(days=1))
+        # every report is written: a SIGTERM torchrun sends now (another rank ended with an
+        # error) finds the interpreter shutting down, where a handler of ours could crash it
+        with contextlib.suppress(Exception):
+            faulthandler.unregister(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.deselected:
@@ -220,7 +227,8 @@ class SpmdHooks:
             item.session.shouldfail = f"ddphooks: {exc}"
             everyone = []
         others = [(r, b.decode()) for r, b in enumerate(everyone) if r != self.rank and b]
-        if self.rank == 0 and others and report.passed:
+        # every rank takes the same verdict, so -x / --maxfail stop every rank's session alike
+        if others and report.passed:
             report.outcome = "failed"
             report.longrepr = "\n".join(
                 f"the plain test failed on rank {r} (--ddp-plain-tests=all runs it on every rank): {text}"
@@ -320,6 +328,38 @@ class SpmdHooks:
             for r, n in enumerate(counts)
         ]
 
+    def _post_events(self, recorder: Recorder) -> None:
+        """This rank's events of the test, in the store for every rank to read."""
+        chunks = blobs.put(self.coord.store, f"{self._events_key}/{self.rank}", marshal.dumps(list(recorder._raw)))
+        self.coord.store.set(f"{self._events_key}/{self.rank}/n", str(chunks).encode())
+
+    def _events_of(self, rank: int) -> bytes | None:
+        """A rank's posted events of the test, None when it posted none (yet)."""
+        key = f"{self._events_key}/{rank}"
+        if not self.coord.store.check([f"{key}/n"]):
+            return None
+        return blobs.get(self.coord.store, key, int(bytes(self.coord.store.get(f"{key}/n"))))
+
+    def _hang_timeline(self, item: pytest.Item, limit: float) -> list[str]:
+        """The swimlanes of the ranks that posted their events (the hung ones and those that
+        had finished), and the trace under --ddp-trace-dir."""
+        raw: dict[int, Any] = {}
+        for r in range(self.world_size):
+            with contextlib.suppress(Exception):
+                posted = self._events_of(r)
+                if posted is not None:
+                    raw[r] = marshal.loads(posted)
+        if not raw:
+            return []
+        timeline = Timeline.from_raw(raw)
+        lines = ["", "recorded timeline:", timeline.swimlanes(max_rows=60)]
+        report = RunReport(self.world_size, limit, timeline=timeline)
+        report.stopped_at_ns = time.time_ns()
+        path = write_trace(item, report, self.ddp.settings)
+        if path is not None:
+            lines.append(f"trace: {path}")
+        return lines
+
     def _missing(self, item: pytest.Item, exc: RanksMissing) -> NoReturn:
         message = f"{exc}; the run stops here"
         item.session.shouldfail = f"ddphooks: {exc}"
@@ -353,6 +393,8 @@ class SpmdHooks:
         if not isinstance(recorder, Recorder):
             own = recorder = Recorder(self.rank, self.world_size).activate()
         self.current = item.nodeid
+        self._tests += 1
+        self._events_key = f"events-data/{self._tests}"
         self._in_test = True
         watchdog = threading.Timer(limit + HANG_GRACE, self._on_hang, (item, recorder, limit))
         watchdog.daemon = True
@@ -376,6 +418,7 @@ class SpmdHooks:
             threading.Event().wait()
         markup = terminal_markup(self.config)
         result = outcome_of(item, self.rank, error, "call", time.monotonic() - started, markup)
+        result.sections.extend(_captured_output(item))  # every rank's is shown on rank 0, labelled
         if error is not None:
             # a failed body's frames hold what it made (a group of its own, with its sockets):
             # the result has what it needed of them
@@ -389,6 +432,8 @@ class SpmdHooks:
             self.group_ok = False
         try:
             blob = pickle.dumps(result)
+            # the events first: a rank that reports a hang meanwhile draws this one's too
+            self._post_events(recorder)
             self._in_test = True  # waiting for the others: a stop from torchrun ends the wait
             try:
                 if self.stopping is not None:
@@ -396,11 +441,15 @@ class SpmdHooks:
                 results = self.coord.all_gather(
                     "result", blob, limit + 30.0, "report its result", watch=f"hang/{item.nodeid}"
                 )
-                raw = self.coord.all_gather("events", marshal.dumps(list(recorder._raw)), 30.0, "send its events")
+                raw = [self._events_of(r) or b"" for r in range(self.world_size)]
             finally:
                 self._in_test = False
         except RunStopping:
-            raise fail_with(self._stopped_words(result), "torchrun stopped the run") from None
+            words = self._stopped_words(result)
+            if self.rank != 0:
+                # rank 0 reports the test, unless it is the rank that ended: say where this was
+                say(f"ddphooks: rank {self.rank} was in {item.nodeid} when {words}")
+            raise fail_with(words, "torchrun stopped the run") from None
         except RanksMissing as exc:
             self._missing(item, exc)
         except RankHung as exc:
@@ -418,9 +467,12 @@ class SpmdHooks:
             self.world_size,
             limit,
             results={r: pickle.loads(b) for r, b in enumerate(results)},
-            timeline=Timeline.from_raw({r: marshal.loads(b) for r, b in enumerate(raw)}),
+            timeline=Timeline.from_raw({r: marshal.loads(b) if b else [] for r, b in enumerate(raw)}),
         )
         report.first_failure = first_failure(report.results)
+        for r, rank_result in sorted(report.results.items()):
+            for when, key, text in rank_result.sections:
+                item.add_report_section(when, f"{key} rank {r}", text)
         verdict = classify(report)
         if self.rank == 0:  # the one that reports: the page and the traces are its
             keep_artifacts(item, report, verdict, self.ddp.settings)
@@ -443,6 +495,8 @@ class SpmdHooks:
         post = self._hang_post(item, recorder, limit)
         key = f"hang/{item.nodeid}"
         with contextlib.suppress(Exception):
+            self._post_events(recorder)
+        with contextlib.suppress(Exception):
             self.coord.store.set(f"{key}/{self.rank}", post.dumps())
         if self.rank != 0:
             # rank 0 reports it as the test's failure; leaving earlier would have torchrun
@@ -451,7 +505,7 @@ class SpmdHooks:
                 self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=REPORT_GRACE + 10))
             if self.ddp.settings.verbose_ranks:
                 say(post.text)
-            os._exit(3)
+            os._exit(int(pytest.ExitCode.TESTS_FAILED))  # the run reported a failed test
         posts = {0: post}
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and len(posts) < self.world_size:
@@ -472,12 +526,14 @@ class SpmdHooks:
         lines += ["  " + line for line in who_never_entered(posts, self.world_size)]
         for r in sorted(posts):  # each rank's own words, less the line that said which test
             lines += [f"rank {r}:", *posts[r].text.splitlines()[1:]]
+        with contextlib.suppress(Exception):
+            lines += self._hang_timeline(item, limit)
         text = "\n".join(lines)
         if not self._report_last(item, text, limit):
             say(text)
         with contextlib.suppress(Exception):
             self.coord.store.set(f"hang-ack/{item.nodeid}", b"1")
-        os._exit(3)
+        os._exit(int(pytest.ExitCode.TESTS_FAILED))
 
     def _hang_post(self, item: pytest.Item, recorder: Recorder, limit: float) -> HangPost:
         """Where this rank is stuck: its open calls and collectives, and its main thread's stack."""
@@ -554,6 +610,19 @@ class SpmdHooks:
         thread.start()
         thread.join(REPORT_GRACE)
         return done.is_set()
+
+
+def _captured_output(item: pytest.Item) -> list[tuple[str, str, str]]:
+    """What pytest captured of this rank's output during the body, taken from its capture
+    (pytest would report it unlabelled, as if it were the test's only output)."""
+    capman = item.config.pluginmanager.getplugin("capturemanager")
+    if capman is None or not capman.is_globally_capturing():
+        return []
+    try:
+        out, err = capman.read_global_capture()
+    except Exception:
+        return []
+    return [("call", key, text) for key, text in (("stdout", out), ("stderr", err)) if text]
 
 
 class RunStopping(BaseException):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from . import collectives, events
@@ -179,7 +179,9 @@ def _track_names(timeline: Timeline) -> list[dict[str, Any]]:
     return out
 
 
-def _span_events(timeline: Timeline, us: Callable[[int], float], t_last: int) -> list[dict[str, Any]]:
+def _span_events(
+    timeline: Timeline, us: Callable[[int], float], t_last: int, ended: Mapping[int, int]
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for s in timeline.spans():
         args = dict(s.start.info)
@@ -187,11 +189,13 @@ def _span_events(timeline: Timeline, us: Callable[[int], float], t_last: int) ->
         if s.kind == events.MARK:
             out.append({"ph": "i", "s": "t", **where, "args": args})
             continue
-        end_ns = s.end.t_ns if s.end is not None else t_last
+        end_ns = s.end.t_ns if s.end is not None else min(t_last, ended.get(s.rank, t_last))
         if s.end is not None:
             args.update({f"end.{k}": v for k, v in s.end.info.items()})
         else:
             args["never_ended"] = True
+            if s.rank in ended:
+                args["ended_with_the_rank"] = True
         out.append({"ph": "X", **where, "dur": max(us(end_ns) - us(s.start.t_ns), 0.001), "args": args})
     return out
 
@@ -237,9 +241,16 @@ def _flow_events(timeline: Timeline, us: Callable[[int], float]) -> list[dict[st
     return out
 
 
-def chrome_trace(timeline: Timeline, stopped_ns: int = 0) -> dict[str, Any]:
+def chrome_trace(
+    timeline: Timeline,
+    stopped_ns: int = 0,
+    notes: Sequence[tuple[int, int, str]] = (),
+    ended: Mapping[int, int] | None = None,
+) -> dict[str, Any]:
     """Chrome trace event JSON: a track per rank and thread, collectives as flow arrows. A
-    call never left lasts until ``stopped_ns`` (when the ranks were stopped), if given."""
+    call never left lasts until ``stopped_ns`` (when the ranks were stopped), if given, or
+    until its rank ended (``ended``: rank -> time_ns, a rank a fault killed); ``notes``:
+    (rank, time_ns, text) drawn as instants on the rank's track (what a fault did)."""
     all_events = timeline.events
     if not all_events:
         return {"traceEvents": [], "displayTimeUnit": "ms"}
@@ -249,17 +260,24 @@ def chrome_trace(timeline: Timeline, stopped_ns: int = 0) -> dict[str, Any]:
     def us(t_ns: int) -> float:
         return (t_ns - t0) / 1000.0
 
-    trace = _track_names(timeline) + _span_events(timeline, us, t_last) + _flow_events(timeline, us)
+    trace = _track_names(timeline) + _span_events(timeline, us, t_last, ended or {}) + _flow_events(timeline, us)
+    trace.extend({"ph": "i", "s": "p", "name": text, "pid": r, "tid": 0, "ts": us(t)} for r, t, text in notes)
     if stopped_ns:
         trace.append({"ph": "i", "s": "g", "name": "ranks stopped", "pid": 0, "tid": 0, "ts": us(stopped_ns)})
     return {"traceEvents": trace, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str], stopped_ns: int = 0) -> str:
+def write_chrome_trace(
+    timeline: Timeline,
+    path: str | os.PathLike[str],
+    stopped_ns: int = 0,
+    notes: Sequence[tuple[int, int, str]] = (),
+    ended: Mapping[int, int] | None = None,
+) -> str:
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(strict_json(chrome_trace(timeline, stopped_ns)))
+        f.write(strict_json(chrome_trace(timeline, stopped_ns, notes, ended)))
     return path
 
 

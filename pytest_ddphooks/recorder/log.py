@@ -158,10 +158,12 @@ class EventLog:
         call_id: int,
         static: dict[str, Any] | None = None,
         numbered: tuple[str, ...] = (),
+        triggers: bool = True,
     ) -> None:
         """Record an event. With ``static``, ``info`` is that never-changing dict plus the
         integers named in ``numbered``: the event file writes it compact, as it writes the
         start or end of a call without info."""
+        __tracebackhide__ = True
         # every recorded call passes here twice: kept to a few dictionary look-ups and one write
         lane = self._lanes.get(get_ident())
         if lane is None:
@@ -178,7 +180,7 @@ class EventLog:
                     file.write_compact(record, static, numbered)
                 else:
                     file.write(record)
-        if self.trigger is not None:
+        if self.trigger is not None and triggers:
             self.trigger(kind, phase, name, call_id)
 
     def begin(
@@ -189,9 +191,25 @@ class EventLog:
         static: dict[str, Any] | None = None,
         numbered: tuple[str, ...] = (),
     ) -> int:
+        __tracebackhide__ = True
         call_id = next(self._ids)
-        self._emit(kind, START, name, info, call_id, static, numbered)
+        try:
+            self._emit(kind, START, name, info, call_id, static, numbered)
+        except BaseException as exc:
+            self._never_ran(kind, name, call_id, info, exc)
+            raise
         return call_id
+
+    def _never_ran(self, kind: str, name: str, call_id: int, info: dict[str, Any] | None, exc: BaseException) -> None:
+        """A call whose start raised (a fault injected there): it ends at once with that error,
+        and a collective of it was never issued (the next call takes its place in the group)."""
+        ended: dict[str, Any] = {"error": error_text(exc)}
+        if kind in _SYNC_KINDS:
+            ended["issued"] = False
+            lane = self._lanes.get(get_ident())
+            if lane is not None and (info is None or info.get("effective", True)):
+                self._issued[lane] = max(self._issued.get(lane, 0) - 1, 0)
+        self._emit(kind, END, name, ended, call_id, triggers=False)
 
     def end(
         self,

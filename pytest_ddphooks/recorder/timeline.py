@@ -604,10 +604,18 @@ class Timeline:
     def swimlanes(self, max_rows: int | None = None, width: int = 30) -> str:
         return export.swimlanes(self, max_rows=max_rows, width=width)
 
-    def to_chrome_trace(self, path: str | os.PathLike[str], *, stopped_ns: int = 0) -> str:
+    def to_chrome_trace(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        stopped_ns: int = 0,
+        notes: Sequence[tuple[int, int, str]] = (),
+        ended: Mapping[int, int] | None = None,
+    ) -> str:
         """Write the timeline as Chrome trace JSON; a call never left lasts until ``stopped_ns``
-        (``time.time_ns()`` when the ranks were stopped), else until the last event."""
-        return export.write_chrome_trace(self, path, stopped_ns)
+        (``time.time_ns()`` when the ranks were stopped), else until the last event, or until
+        its rank ended (``ended``: rank -> time_ns); ``notes``: (rank, time_ns, text) instants."""
+        return export.write_chrome_trace(self, path, stopped_ns, notes, ended)
 
     def _fail(self, message: str, highlights: list[dict[str, Any]] | None = None) -> None:
         __tracebackhide__ = True

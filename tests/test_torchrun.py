@@ -109,6 +109,8 @@ def test_ranks_that_collect_different_tests_are_stopped(pytester: pytest.Pyteste
     assert code != 0
     assert "under torchrun every rank must collect the same tests in the same order;" in out
     assert "rank 1 collected 2 tests, rank 0 only 1; the first extra: 'test_differ.py::test_some[1]'" in out
+    assert out.count("every rank must collect the same tests") == 1, out  # said once, by rank 0
+    assert re.search(r"exitcode\s*:\s*4\b", out), out  # every rank ends as a usage error
 
 
 def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester) -> None:

@@ -119,7 +119,10 @@ class SpmdHooks:
         ]
         diff = first_difference(lists)
         if diff is not None:
-            raise pytest.UsageError(f"under torchrun every rank must collect the same tests in the same order; {diff}")
+            message = f"under torchrun every rank must collect the same tests in the same order; {diff}"
+            if self.rank != 0:  # rank 0 says it; the others end alike, on their quiet terminals
+                pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)
+            raise pytest.UsageError(message)
         multirank, plain, dropped = [], [], []
         for item in items:
             run = item.stash.get(RUN_KEY, None)

@@ -162,11 +162,19 @@ def _draw(grid: _Grid, ranks: list[int], max_rows: int | None, width: int) -> st
     return "\n".join(lines + body)
 
 
-def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int = 30) -> str:
-    """One text lane per rank; a collective every member completed sits on one row."""
+def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int | None = None) -> str:
+    """One text lane per rank; a collective every member completed sits on one row. Lanes
+    are ``width`` wide; by default as wide as their longest cell, within what a terminal
+    holds for that many ranks (30 to 60 characters: 8 ranks get 30), cells cut beyond."""
     if not timeline.ranks:
         return "(no events recorded)"
-    return _draw(_layout(timeline), timeline.ranks, max_rows, width)
+    grid = _layout(timeline)
+    if width is None:
+        n = len(timeline.ranks)
+        most = min(60, max(30, (160 - 3 * (n - 1)) // n))
+        longest = max((len(text) for row in grid.rows for text in row.values()), default=0)
+        width = min(most, max(30, longest + 2))
+    return _draw(grid, timeline.ranks, max_rows, width)
 
 
 def _track_names(timeline: Timeline) -> list[dict[str, Any]]:

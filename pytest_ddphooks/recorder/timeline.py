@@ -601,7 +601,7 @@ class Timeline:
 
     # -- export ------------------------------------------------------------------------------
 
-    def swimlanes(self, max_rows: int | None = None, width: int = 30) -> str:
+    def swimlanes(self, max_rows: int | None = None, width: int | None = None) -> str:
         return export.swimlanes(self, max_rows=max_rows, width=width)
 
     def to_chrome_trace(

@@ -161,3 +161,18 @@ def test_a_nan_or_infinite_value_in_a_mark_still_makes_strict_json(tmp_path: Pat
     data = json.loads(Path(path).read_text(), parse_constant=refuse)
     (mark,) = [e for e in data["traceEvents"] if e["ph"] == "i"]
     assert mark["args"] == {"loss": "nan", "best": "-inf", "lr": 0.1}
+
+
+def test_lanes_widen_to_their_longest_cell_within_what_a_terminal_holds() -> None:
+    name = "a_hook_with_a_name_of_forty_characters__"
+    two = Sim(2)
+    two.call(0, name)
+    lines = two.timeline().swimlanes().splitlines()
+    assert any(name in line for line in lines)  # not cut: 2 ranks get up to 60 characters
+    assert lines[0].index("| rank 1") == len(f"+ {name}") + 3  # the cell, a space, then the lane's edge
+
+    eight = Sim(8)
+    eight.call(0, name)
+    lines = eight.timeline().swimlanes().splitlines()
+    assert lines[0].index("| rank 1") == 31  # 8 ranks keep 30
+    assert not any(name in line for line in lines) and any(line.startswith("+ a_hook") for line in lines)

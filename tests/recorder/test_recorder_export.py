@@ -175,4 +175,4 @@ def test_lanes_widen_to_their_longest_cell_within_what_a_terminal_holds() -> Non
     eight.call(0, name)
     lines = eight.timeline().swimlanes().splitlines()
     assert lines[0].index("| rank 1") == 31  # 8 ranks keep 30
-    assert not any(name in line for line in lines) and any(line.startswith("+ a_hook") for line in lines)
+    assert not any(name in line for line in lines) and any(line.startswith("> a_hook") for line in lines)

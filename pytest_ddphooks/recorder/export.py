@@ -150,9 +150,7 @@ def _draw(grid: _Grid, ranks: list[int], max_rows: int | None, width: int) -> st
     for i, row in enumerate(grid.rows):
         cells = []
         for r in ranks:
-            text = row.get(r, "")
-            if len(text) > width - 1:
-                text = text[: width - 2] + "~"
+            text = _cut(row.get(r, ""), width - 1)
             cells.append((text + " ").ljust(width, "=") if i in grid.sync_rows and text else text.ljust(width))
         body.append(" | ".join(cells).rstrip())
     if max_rows is not None and len(body) > max_rows:
@@ -160,6 +158,16 @@ def _draw(grid: _Grid, ranks: list[int], max_rows: int | None, width: int) -> st
         tail = max_rows - head
         body = [*body[:head], f"... {len(body) - max_rows} rows not shown ...", *body[-tail:]]
     return "\n".join(lines + body)
+
+
+def _cut(text: str, room: int) -> str:
+    """``text`` within ``room`` characters, cut in the middle (``> my_project.m~n_train_batch_end``):
+    names of hooks under one long prefix differ at their end."""
+    text = " ".join(text.splitlines())  # a name with a newline must not break the table
+    if len(text) <= room:
+        return text
+    head = max(room // 3, 1)
+    return text[:head] + "~" + text[len(text) - (room - head - 1) :]
 
 
 def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int | None = None) -> str:

@@ -10,6 +10,7 @@ Wrapping the same method of the same target the same way twice records once.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import sys
@@ -93,6 +94,47 @@ def _recording_acall(log: EventLog, kind: str, event_name: str, qualname: str) -
     return acall
 
 
+def _recording_gencall(log: EventLog, kind: str, event_name: str, qualname: str, is_async: bool) -> _Call:
+    """The same for a generator function: calling it runs none of its body, so the events
+    span the body, from its first step to its end (exhausted, closed, or raised)."""
+    static = {"qualname": qualname}
+
+    def ended(call_id: int, exc: BaseException | None) -> None:
+        if exc is None:
+            log.end(call_id, kind, event_name, None)
+        elif isinstance(exc, GeneratorExit):
+            log.end(call_id, kind, event_name, {"closed": True})  # left before its end
+        else:
+            log.end(call_id, kind, event_name, {"error": error_text(exc)})
+
+    def steps(inner: Any) -> Any:
+        call_id = log.begin(kind, event_name, static, static)
+        try:
+            result = yield from inner
+        except BaseException as exc:
+            ended(call_id, exc)
+            raise
+        ended(call_id, None)
+        return result
+
+    async def async_steps(inner: Any) -> Any:
+        call_id = log.begin(kind, event_name, static, static)
+        try:
+            async for item in inner:
+                yield item
+        except BaseException as exc:
+            ended(call_id, exc)
+            raise
+        ended(call_id, None)
+
+    def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        __tracebackhide__ = True
+        inner = fn(*args, **kwargs)
+        return async_steps(inner) if is_async else steps(inner)
+
+    return call
+
+
 def _barrier_call(log: EventLog, event_name: str, qualname: str) -> _Call:
     """A framework barrier: its events say whether a group existed and how many collectives
     the thread issued inside it."""
@@ -134,10 +176,29 @@ def _forwarder(func: Any, fn: Callable[..., Any], call: _Call, is_async: bool) -
         return wrapper
 
 
-def _restorer(target: Any, name: str, previous: Any, had_own: bool) -> Undo:
+_RETIRED = "__ddphooks_retired__"  # on a wrapper whose recorder closed while another wrapped it
+_PREVIOUS = "__ddphooks_previous__"  # on a wrapper: (whether its target had its own attribute, that)
+
+
+def _underlying(value: Any) -> Any:
+    return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+
+
+def _restorer(target: Any, name: str, previous: Any, had_own: bool, mine: Any) -> Undo:
+    setattr(mine, _PREVIOUS, (had_own, previous))
+
     def restore() -> None:
-        if had_own:
-            setattr(target, name, previous)
+        current = vars(target).get(name) if hasattr(target, "__dict__") else None
+        if current is not None and _underlying(current) is not mine:
+            # another recorder wrapped it since: that wrapper stays (it calls this one), and
+            # passes over this one when it is undone
+            setattr(mine, _RETIRED, True)
+            return
+        own, value = had_own, previous
+        while own and getattr(_underlying(value), _RETIRED, False):
+            own, value = getattr(_underlying(value), _PREVIOUS)
+        if own:
+            setattr(target, name, value)
         else:
             with contextlib.suppress(AttributeError):
                 delattr(target, name)
@@ -154,7 +215,7 @@ def _install_on_class(target: type, name: str, raw: Any, wrapper: Callable[..., 
         replacement = wrapper
     had_own = name in vars(target)
     setattr(target, name, replacement)
-    return _restorer(target, name, raw, had_own)
+    return _restorer(target, name, raw, had_own, wrapper)
 
 
 def _install_on_object(target: Any, name: str, wrapper: Callable[..., Any]) -> Undo:
@@ -167,7 +228,7 @@ def _install_on_object(target: Any, name: str, wrapper: Callable[..., Any]) -> U
         raise TypeError(
             f"cannot instrument {owner}.{name} on this object (no __dict__); instrument its class instead"
         ) from None
-    return _restorer(target, name, previous, had_own)
+    return _restorer(target, name, previous, had_own, wrapper)
 
 
 def wrap(log: EventLog, target: Any, name: str, kind: str, event_name: str) -> Undo | None:
@@ -188,7 +249,11 @@ def wrap(log: EventLog, target: Any, name: str, kind: str, event_name: str) -> U
                 fn = raw.__get__(target, owner)  # the class's wrapper: bind what it wrapped
     qualname = getattr(func, "__qualname__", f"{owner.__qualname__}.{name}")
     is_async = kind != events.BARRIER and inspect.iscoroutinefunction(func)
-    if kind == events.BARRIER:
+    generator = inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
+    if generator:
+        # its body runs as it is iterated, not when it is called (a barrier too)
+        call = _recording_gencall(log, kind, event_name, qualname, inspect.isasyncgenfunction(func))
+    elif kind == events.BARRIER:
         call = _barrier_call(log, event_name, qualname)
     elif is_async:
         call = _recording_acall(log, kind, event_name, qualname)
@@ -202,7 +267,44 @@ def wrap(log: EventLog, target: Any, name: str, kind: str, event_name: str) -> U
         return _install_on_class(target, name, raw, wrapper)
     if fn is None:
         fn = getattr(target, name)
-    wrapper = _forwarder(func, fn, call, is_async)
+    own = name in getattr(target, "__dict__", {})
+    wrapper = _ObjectWrapper(target, name, raw if own else None, _forwarder(func, fn, call, is_async))
     setattr(wrapper, _INSTRUMENTED, identity)
     setattr(wrapper, _WRAPPED, (raw, func, fn))
     return _install_on_object(target, name, wrapper)
+
+
+class _ObjectWrapper:
+    """What an instrumented object holds in place of its method: it records the calls of that
+    object's method. A deep copy of the object (an EMA model) gets its own method back, not
+    this, which runs on the original; pickling the object (torch.save, mp.spawn,
+    broadcast_object_list) pickles the method as the object's own."""
+
+    def __init__(self, target: Any, name: str, own: Any, forward: Callable[..., Any]) -> None:
+        with contextlib.suppress(AttributeError, TypeError):
+            functools.update_wrapper(self, forward)  # first: it copies what ``forward`` carries
+        self._target = target
+        self._name = name
+        self._own = own  # what the object itself held under that name before, if anything
+        self._forward = forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        return self._forward(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        copied = memo.get(id(self._target))
+        if copied is None:
+            return self  # copied without its object: it is still that object's method
+        if self._own is not None:
+            return copy.deepcopy(self._own, memo)
+        return getattr(type(copied), self._name).__get__(copied, type(copied))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._own is not None:
+            return (_itself, (self._own,))
+        return (getattr, (self._target, self._name))
+
+
+def _itself(value: Any) -> Any:
+    return value

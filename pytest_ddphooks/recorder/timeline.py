@@ -258,7 +258,10 @@ class Timeline:
             f"{y.name} started on rank {y.rank} (event #{y.start.index})"
         )
         if x.rank == y.rank and x.end.lane == y.start.lane:
-            return [head + f", in that order: {y.name} came first"]
+            return [
+                f"{y.name} started on rank {y.rank} (event #{y.start.index}) before {x.name} ended there"
+                f" (event #{x.end.index})"
+            ]
         if x.rank == y.rank:
             threads = [self.lanes.get((x.rank, lane)) or f"lane {lane}" for lane in (x.end.lane, y.start.lane)]
             return [
@@ -282,6 +285,14 @@ class Timeline:
             lines.append(f"and no collective connects them; before event #{y.start.index} rank {y.rank} passed:")
             for inst in passed[-4:]:
                 lines.append("  " + self._describe_passage(inst, x, y))
+            after = [i.starts[x.rank] for i in passed if x.rank in i.starts and i.starts[x.rank].index > x.end.index]
+            if after and all(e.lane != x.end.lane for e in after):
+                names = [self.lanes.get((x.rank, lane)) or f"lane {lane}" for lane in (x.end.lane, after[0].lane)]
+                lines.append(
+                    f"{x.name} ran on thread {names[0]} of rank {x.rank}, those collectives on thread {names[1]}:"
+                    " what orders threads of one process (a join, a lock, a queue) is not recorded, so they do not"
+                    f" order {x.name}"
+                )
         for nb in self.noop_barriers():
             if (nb.rank == y.rank and nb.index < y.start.index) or (nb.rank == x.rank and nb.index > x.start.index):
                 lines.append(str(nb))
@@ -476,7 +487,7 @@ class Timeline:
         __tracebackhide__ = True
         base, ranks, found = self._select(name)
         if not found:
-            self._fail(f"{name!r} was never called on {_where(ranks)}" + self._absence_hint(base, ranks))
+            self._fail(f"{name!r} was never called on {_where(ranks)}" + self._absence_hint(base, ranks, name))
         counts: dict[int, list[int]] = {r: [] for r in ranks or ()}
         for s in found:
             counts.setdefault(s.rank, []).append(s.start.index)

@@ -441,7 +441,10 @@ def test_same_lane_order_is_explained() -> None:
     sim.call(0, "second_expected")
     sim.call(0, "first_expected")
     tl = sim.timeline()
-    with pytest.raises(TimelineAssertionError, match="in that order: second_expected came first"):
+    with pytest.raises(
+        TimelineAssertionError,
+        match=r"second_expected started on rank 0 \(event #0\) before first_expected ended there",
+    ):
         tl.assert_happens_before("first_expected", "second_expected")
 
 
@@ -458,3 +461,25 @@ def test_clocks_answer_for_events_directly() -> None:
     assert not clocks.happens_before(b, a)
     assert not clocks.happens_before(a, a)
     assert clocks.lane_of(b) == (1, 0)
+
+
+def test_a_claim_refused_because_of_threads_says_so() -> None:
+    sim = Sim(2)
+    sim.call(0, "worker_step", lane=1)  # a worker thread of rank 0, joined before the barrier (not recorded)
+    sim.barrier_all()
+    sim.call(1, "after")
+    tl = sim.timeline()
+    with pytest.raises(TimelineAssertionError) as failed:
+        tl.assert_happens_before("worker_step@0", "after@1")
+    assert "worker_step ran on thread lane 1 of rank 0, those collectives on thread" in str(failed.value)
+    assert "what orders threads of one process (a join, a lock, a queue) is not recorded" in str(failed.value)
+
+
+def test_called_once_of_a_name_with_an_at_says_how_to_select_it() -> None:
+    sim = Sim(2)
+    sim.mark(0, "epoch@1")
+    sim.mark(1, "epoch@1")
+    tl = sim.timeline()
+    with pytest.raises(TimelineAssertionError, match=r"an event named 'epoch@1' was recorded"):
+        tl.assert_called_once("epoch@1")
+    tl.assert_called_once("epoch@1@0,1")

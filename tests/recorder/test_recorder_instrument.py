@@ -379,3 +379,79 @@ def test_timeline_through_an_exchange() -> None:
     assert [e.name for e in tl.for_rank(1)] == ["from_one"]
     rec.close()
     other.close()
+
+
+class Steps:
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    def prepare(self) -> object:
+        self.done.append("body")
+        yield 1
+        yield 2
+
+    async def stream(self) -> object:
+        yield "a"
+
+    def scale(self, x: float) -> float:
+        return x * len(self.done)
+
+
+def test_a_generator_method_is_recorded_around_its_body_not_its_creation() -> None:
+    steps = Steps()
+    with Recorder(0, 1) as rec:
+        rec.instrument(steps, "prepare", "stream")
+        made = steps.prepare()
+        rec.mark("created")
+        assert list(made) == [1, 2]
+        left = steps.prepare()
+        next(left)
+        left.close()
+
+        async def consume() -> list[str]:
+            return [x async for x in steps.stream()]
+
+        assert asyncio.run(consume()) == ["a"]
+    seen = [(e.name, e.phase, e.info.get("closed")) for e in rec.events if e.kind in (events.CALL, events.MARK)]
+    assert seen == [
+        ("created", "point", None),
+        ("prepare", "start", None),
+        ("prepare", "end", None),
+        ("prepare", "start", None),
+        ("prepare", "end", True),  # left before its end
+        ("stream", "start", None),
+        ("stream", "end", None),
+    ]
+
+
+def test_a_deep_copy_of_an_instrumented_object_runs_its_own_method_and_it_pickles() -> None:
+    import copy
+    import pickle
+
+    original = Steps()
+    with Recorder(0, 1) as rec:
+        rec.instrument(original, "scale")
+        twin = copy.deepcopy(original)
+        twin.done.extend(["x", "y"])
+        assert original.scale(10.0) == 0.0
+        assert twin.scale(10.0) == 20.0  # its own state, not the original's
+        loaded = pickle.loads(pickle.dumps(original))
+        loaded.done.append("z")
+        assert loaded.scale(1.0) == 1.0
+    assert [(e.name, e.phase) for e in rec.events if e.kind == events.CALL] == [("scale", "start"), ("scale", "end")]
+
+
+@pytest.mark.parametrize("first", ["class", "object"])
+def test_recorders_closed_out_of_order_leave_nothing_behind(first: str) -> None:
+    original = Steps.scale
+    steps = Steps()
+    target = Steps if first == "class" else steps
+    outer, inner = Recorder(0, 1), Recorder(0, 1)
+    outer.instrument(target, "scale")
+    inner.instrument(target, "scale", prefix="inner")
+    assert steps.scale(1.0) == 0.0
+    outer.close()  # first opened, first closed: the inner wrapper stays until its recorder closes
+    assert steps.scale(1.0) == 0.0
+    inner.close()
+    assert Steps.scale is original and "scale" not in vars(steps)
+    assert [e.name for e in inner.events if e.phase == "start"] == ["inner.scale", "inner.scale"]

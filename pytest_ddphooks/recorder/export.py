@@ -75,11 +75,11 @@ def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
 
 
 class _Grid:
-    """Rows of cells, one column per rank; a row where a collective completed is a sync row."""
+    """Rows of cells, one column per rank; the members of a collective share its row."""
 
     def __init__(self) -> None:
         self.rows: list[dict[int, str]] = []
-        self.sync_rows: set[int] = set()
+        self.sync_cells: set[tuple[int, int]] = set()  # (row, rank) of a member in a collective's row
 
     def put(self, row: int, rank: int, text: str) -> None:
         while len(self.rows) <= row:
@@ -101,6 +101,7 @@ def _layout(timeline: Timeline) -> _Grid:
     next_row = dict.fromkeys(ranks, 0)
     reached: dict[tuple[Any, ...], set[int]] = {}
     skip: set[tuple[Any, ...]] = set()
+    collective_rows: set[int] = set()
     remaining = sum(len(v) for v in lanes.values())
     while remaining:
         progressed = False
@@ -117,13 +118,16 @@ def _layout(timeline: Timeline) -> _Grid:
                     row = max(next_row[m] for m in inst.members)
                     for m in inst.members:
                         grid.put(row, m, _cell(inst.starts[m], ended) or "")
+                        grid.sync_cells.add((row, m))
                         next_row[m] = row + 1
                         ptr[m] += 1
                         remaining -= 1
-                    grid.sync_rows.add(row)
+                    collective_rows.add(row)  # the collective's: a rank outside it draws on others
                 else:
                     text = _cell(e, ended)
                     if text is not None:
+                        while next_row[r] in collective_rows:
+                            next_row[r] += 1
                         grid.put(next_row[r], r, text)
                         next_row[r] += 1
                     ptr[r] += 1
@@ -151,7 +155,7 @@ def _draw(grid: _Grid, ranks: list[int], max_rows: int | None, width: int) -> st
         cells = []
         for r in ranks:
             text = _cut(row.get(r, ""), width - 1)
-            cells.append((text + " ").ljust(width, "=") if i in grid.sync_rows and text else text.ljust(width))
+            cells.append((text + " ").ljust(width, "=") if (i, r) in grid.sync_cells and text else text.ljust(width))
         body.append(" | ".join(cells).rstrip())
     if max_rows is not None and len(body) > max_rows:
         head = max_rows // 2

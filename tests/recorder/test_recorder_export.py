@@ -177,3 +177,17 @@ def test_lanes_widen_to_their_longest_cell_within_what_a_terminal_holds() -> Non
     lines = eight.timeline().swimlanes().splitlines()
     assert lines[0].index("| rank 1") == 31  # 8 ranks keep 30
     assert not any(name in line for line in lines) and any(line.startswith("> a_hook") for line in lines)
+
+
+def test_a_rank_outside_a_sub_group_never_shares_or_fills_its_collectives_row() -> None:
+    sim = Sim(3)
+    for r in range(3):
+        sim.mark(r, "a")
+    sim.coll("all_reduce", ranks=[0, 1], group="g1")
+    for r in range(3):
+        sim.mark(r, "b")
+    lines = sim.timeline().swimlanes().splitlines()
+    (row,) = [line for line in lines if "all_reduce #1" in line]
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[0].endswith("=") and cells[1].endswith("=") and cells[2] == ""
+    assert any(line.split("|")[2].strip() == "* b" for line in lines if line.count("|") == 2)

@@ -140,3 +140,59 @@ def test_a_breakpoint_without_a_terminal_does_not_hang(pytester: pytest.Pytester
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1")
     assert result.ret in (0, 1)
     assert result.duration < 40
+
+
+def test_pdb_opens_on_a_rank_fixtures_error_and_pytest_stays_away(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_fixture_fails="""
+        import pytest
+
+        @pytest.fixture
+        def data(rank):
+            missing = f"shard-{rank}.bin"
+            if rank == 1:
+                raise FileNotFoundError(missing)
+            return missing
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_uses_data(data):
+            pass
+
+        def test_after():
+            pass
+        """
+    )
+    proc = PtyProcess(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pdb", "test_fixture_fails.py"], str(pytester.path)
+    )
+    proc.expect("rank 1: post-mortem of its failure")
+    proc.expect("(Pdb) ")
+    proc.send("p missing")
+    proc.expect("shard-1.bin")
+    proc.send("q")
+    proc.wait()
+    text = proc.text
+    assert "1 passed, 1 error" in text, text
+    assert "PDB post_mortem" not in text, "pytest's own debugger stayed away"
+
+
+def test_quitting_at_a_ranks_breakpoint_fails_the_test_in_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_quit="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_stops_on_rank1(rank):
+            if rank == 1:
+                breakpoint()
+        """
+    )
+    proc = PtyProcess(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "test_quit.py"], str(pytester.path)
+    )
+    proc.expect("rank 1: breakpoint")
+    proc.expect("(Pdb) ")
+    proc.send("q")
+    assert proc.wait() == 1
+    assert "rank 1: failed: the debugger was quit (q) in this rank" in proc.text
+    assert "BdbQuit" not in proc.text

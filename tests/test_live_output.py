@@ -126,3 +126,28 @@ def test_capsys_disabled_in_a_rank_prints_on_the_terminal_as_in_a_plain_test(inn
         assert ran.text.count(f"shown at once by rank {r}") == 1, "on the terminal, not in a captured section"
         assert f"and on stderr by rank {r}" in ran.result.stderr.str()
     assert "shown at once by the plain test" in ran.text
+
+
+def test_a_rank_that_dies_loses_nothing_it_printed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_dies="""
+        import os
+        import signal
+        import pytest
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_prints_then_dies(rank):
+            for i in range(2000):
+                print(f"line {i} of rank {rank}")
+            print("no end of line", end="")
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(3)
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    for rank in (0, 1):
+        assert all(f"[rank {rank}] line {i} of rank {rank}\n" in out for i in range(2000)), rank
+        assert f"[rank {rank}] no end of line" in out

@@ -62,7 +62,6 @@ class ForkServer:
         preload: tuple[str, ...],
         parent: int,
         log_path: str | None,
-        keep_terminal: int | None = None,
         bypass: tuple[int, int] | None = None,
     ) -> None:
         self.sock = sock
@@ -76,7 +75,7 @@ class ForkServer:
         if os.getppid() != parent:
             os._exit(0)
         procs.prctl(procs.PR_SET_CHILD_SUBREAPER, 1)
-        self._isolate_descriptors(log_path, keep_terminal, bypass)
+        self._isolate_descriptors(log_path, bypass)
         self.selector = selectors.DefaultSelector()  # after the isolation, which replaces every other descriptor
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._on_term)
@@ -103,9 +102,7 @@ class ForkServer:
         if coverage_config is not None:
             coverage_relay.prepare(coverage_config)
 
-    def _isolate_descriptors(
-        self, log_path: str | None, keep_terminal: int | None, bypass: tuple[int, int] | None = None
-    ) -> None:
+    def _isolate_descriptors(self, log_path: str | None, bypass: tuple[int, int] | None = None) -> None:
         """Point every inherited descriptor at /dev/null (pipes of xdist, pytest's capture).
 
         They are replaced rather than closed: objects that still think they own them may
@@ -114,11 +111,6 @@ class ForkServer:
         null = os.open(os.devnull, os.O_RDWR)
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else null
         keep = {self.sock.fileno(), null, log}
-        if keep_terminal is not None:
-            # pytest's own stdout, shared rather than reopened: a regular file keeps one write
-            # offset, so the ranks' live lines and pytest's never overwrite each other
-            output.terminal_fd = os.dup(keep_terminal)
-            keep.add(output.terminal_fd)
         if bypass is not None:
             output.bypass_fds = (os.dup(bypass[0]), os.dup(bypass[1]))
             keep.update(output.bypass_fds)

@@ -26,12 +26,10 @@ class Launcher:
         preload: tuple[str, ...] = ("torch", "torch.distributed"),
         log_path: str | None = None,
         coverage_config: str | None = None,
-        keep_terminal: int | None = None,  # the descriptor ranks print live to (-s)
         compact_memory: bool = False,
         bypass: tuple[int, int] | None = None,  # stdout and stderr uncaptured (capsys.disabled())
     ) -> None:
         self._body_factory = body_factory
-        self._keep_terminal = keep_terminal
         self._bypass = bypass
         self._compact_memory = compact_memory
         self._preload = preload
@@ -53,9 +51,7 @@ class Launcher:
             code = 0
             try:
                 ours.close()
-                server = ForkServer(
-                    theirs, self._body_factory, self._preload, parent, self._log_path, self._keep_terminal, self._bypass
-                )
+                server = ForkServer(theirs, self._body_factory, self._preload, parent, self._log_path, self._bypass)
                 server.measure_ranks(self._coverage_config)
                 if self._compact_memory:
                     server.compact_memory()

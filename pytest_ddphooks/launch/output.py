@@ -1,14 +1,12 @@
 """Where a rank's output goes: descriptors 1 and 2 into the rank's own files (the report's
-sections and a death's diagnosis read them). With a live terminal (``-s``), through a pipe
-each instead, which a thread of the rank copies both to the files and, every line prefixed
-``[rank N]``, to the terminal as it is printed. A crash dump always goes straight to the
-file: a dying process runs no thread."""
+sections and a death's diagnosis read them), written by the rank itself, so a rank that dies
+loses nothing it printed. With a live terminal (``-s``), the pytest process follows those
+files (``LiveTail``) and writes each line, prefixed ``[rank N]``, to the terminal as it comes."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import sys
 import threading
 from collections.abc import Iterator
@@ -16,8 +14,6 @@ from collections.abc import Iterator
 from .job import Job
 from .procs import retire
 
-# the pytest process's stdout, kept open by the fork server when the session prints live
-terminal_fd: int | None = None
 # where the pytest process's stdout and stderr go uncaptured: what ``capsys.disabled()`` in a
 # rank prints to while the session captures
 bypass_fds: tuple[int, int] | None = None
@@ -28,7 +24,6 @@ class RankOutput:
         self.job = job
         self.rank = rank
         self.crash_fd = 2  # where a fatal error dump goes (the rank's err file once started)
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         out = os.open(self.job.path(self.rank, "out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -39,64 +34,78 @@ class RankOutput:
         # a descriptor of its own: a dump reaches the file whatever 2 points at meanwhile (the
         # run's store connecting holds 2 back for a moment, a test may redirect it)
         self.crash_fd = os.dup(err)
-        live = self._open_live()
-        if live is None:
-            os.dup2(out, 1)
-            os.dup2(err, 2)
-            os.close(out)
-            os.close(err)
-            return
-        pipes = {}
-        for target, fd in ((out, 1), (err, 2)):
-            read_end, write_end = os.pipe()
-            os.dup2(write_end, fd)
-            os.close(write_end)
-            pipes[read_end] = target
-        self._thread = threading.Thread(target=self._copy, args=(pipes, live), name="ddphooks-live-output", daemon=True)
-        self._thread.start()
-
-    def _open_live(self) -> int | None:
-        if not self.job.live_output or terminal_fd is None:
-            return None
-        try:
-            return os.dup(terminal_fd)
-        except OSError:
-            return None
-
-    def _copy(self, pipes: dict[int, int], live: int) -> None:
-        prefix = f"[rank {self.rank}] ".encode()
-        pending = dict.fromkeys(pipes, b"")
-        while pipes:
-            readable, _, _ = select.select(list(pipes), [], [])
-            for fd in readable:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    if pending[fd]:
-                        _write(live, prefix + pending[fd] + b"\n")
-                    os.close(fd)
-                    del pipes[fd]
-                    continue
-                _write(pipes[fd], chunk)
-                *lines, pending[fd] = (pending[fd] + chunk).split(b"\n")
-                if lines:
-                    _write(live, b"".join(prefix + line + b"\n" for line in lines))
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
 
     def leave(self) -> None:
         """From here the rank only takes its leave: nothing it prints or dumps is the test's
-        output any more (where output is live, a dump still reaches the rank's file)."""
-        retire(1, 2)
-        if self._thread is None:
-            retire(self.crash_fd)
+        output any more."""
+        retire(1, 2, self.crash_fd)
 
-    def finish(self) -> None:
-        """The body is over: let the copying thread write what is left."""
-        if self._thread is None:
-            return
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        os.close(null)
+
+class LiveTail:
+    """The lines a run's ranks print, as they print them (``-s``): read from the ranks' own
+    files every ``every`` seconds and written to ``fd``, each prefixed ``[rank N]`` (a line
+    still being written waits for its end, or for the run's)."""
+
+    def __init__(self, job: Job, fd: int, every: float = 0.02) -> None:
+        self.job = job
+        self.fd = fd
+        self.every = every
+        self._files: dict[tuple[int, str], int] = {}
+        self._pending: dict[tuple[int, str], bytes] = {}
+        self._stop = threading.Event()
+        self.paused = threading.Event()  # set while a rank's debugger has the terminal
+        self._thread = threading.Thread(target=self._follow, name="ddphooks-live-output", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """The run is over: what is left, unfinished lines too, reaches the terminal."""
+        self._stop.set()
         self._thread.join(5.0)
+        self._read(final=True)
+        for fd in self._files.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._files.clear()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.every):
+            if not self.paused.is_set():
+                self._read()
+
+    def _read(self, final: bool = False) -> None:
+        for rank in range(self.job.world_size):
+            prefix = f"[rank {rank}] ".encode()
+            for kind in ("out", "err"):
+                key = (rank, kind)
+                fd = self._files.get(key)
+                if fd is None:
+                    try:
+                        fd = self._files[key] = os.open(self.job.path(rank, kind), os.O_RDONLY)
+                    except OSError:
+                        continue  # the rank has not started yet
+                chunks = [self._pending.pop(key, b"")]
+                while chunk := _read_some(fd):
+                    chunks.append(chunk)
+                *lines, rest = b"".join(chunks).split(b"\n")
+                if final and rest:
+                    lines.append(rest)
+                elif rest:
+                    self._pending[key] = rest
+                if lines:
+                    _write(self.fd, b"".join(prefix + line + b"\n" for line in lines))
+
+
+def _read_some(fd: int) -> bytes:
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:
+        return b""
 
 
 def flush_std() -> None:

@@ -355,8 +355,6 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
     with contextlib.suppress(Exception):  # never lose the result over the leak check
         result.leaks.extend(_kill_children())
     flush_std()
-    if state.output is not None:
-        state.output.finish()
     result.write(job.path(rank, "result"))
     note(notes, rank, "done", result.outcome)
     # from here on the rank only takes its leave: nothing it prints is the test's output

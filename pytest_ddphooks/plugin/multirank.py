@@ -38,8 +38,16 @@ from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
 from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, is_special
 from .notices import warn_at
-from .reports import MultirankFailed, fail_with, keep_artifacts, raise_verdict, relay_warnings, safe_name
-from .session import DdpSession
+from .reports import (
+    DebuggedMultirankFailed,
+    MultirankFailed,
+    fail_with,
+    keep_artifacts,
+    raise_verdict,
+    relay_warnings,
+    safe_name,
+)
+from .session import DdpSession, live_terminal
 from .special import runs_here
 from .terminal import terminal_markup, terminal_writer
 
@@ -211,7 +219,9 @@ class MultirankHooks:
         if active.watch.over:
             verdict = self._finish(item, active)
             if verdict.failure is not None and verdict.failure.phase == "setup":
-                raise MultirankFailed(render(verdict.failure))
+                # under --pdb the rank had the debugger: pytest's own would show this plugin's frames
+                failed = DebuggedMultirankFailed if self.ddp.settings.post_mortem else MultirankFailed
+                raise failed(render(verdict.failure))
 
     def _job_for(self, item: pytest.Item, run: MultirankRun, payload: bytes = b"") -> Job:
         """The run of ``item``, not yet placed (no id, no folder)."""
@@ -438,7 +448,8 @@ class MultirankHooks:
         return None
 
     def _launch(self, item: pytest.Item, job: Job) -> RunWatch:
-        watch = RunWatch(self.ddp.start_launcher(item.session), job, lend_terminal=self._lend_terminal)
+        live = live_terminal(self.config) if self._live else None
+        watch = RunWatch(self.ddp.start_launcher(item.session), job, lend_terminal=self._lend_terminal, live_fd=live)
         watch.start()
         return watch
 

@@ -214,13 +214,11 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
                 ctx.note("call", "passed")
         except BaseException as exc:
             error = exc
-            if phase != "call":
-                ctx.note("setup", "failed")
-            else:  # formatting it takes a moment: a peer's death must not cut it short
-                ctx.note("call", "failed")
-                if _wants_post_mortem(ctx, exc):
-                    assert ctx.debugger is not None
-                    ctx.debugger.post_mortem(exc)
+            # formatting it takes a moment: a peer's death must not cut it short
+            ctx.note("setup" if phase != "call" else "call", "failed")
+            if _wants_post_mortem(ctx, exc):  # --pdb opens on a fixture's error too, as pytest's does
+                assert ctx.debugger is not None
+                ctx.debugger.post_mortem(exc)
         # as pytest ends a call: what capsys/capfd captured and nobody read is the call's output
         capman = item.config.pluginmanager.getplugin("capturemanager")
         with contextlib.suppress(Exception):
@@ -299,6 +297,9 @@ def outcome_of(
         return RankResult(rank, "skipped", message=message, location=location, duration=elapsed)
     if isinstance(error, XFailed):
         return RankResult(rank, "xfailed", message=str(error.msg), duration=elapsed)
+    if isinstance(error, bdb.BdbQuit):  # `q` at a breakpoint: the person ended it, no traceback
+        words = "the debugger was quit (q) in this rank"
+        return RankResult(rank, "failed", longrepr=words + "\n", message=words, duration=elapsed, phase=phase)
     text, message, location = _render(item, error, markup)
     if isinstance(error, Exit):
         message = f"pytest.exit() in a rank: {error.msg}"

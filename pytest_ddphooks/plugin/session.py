@@ -91,7 +91,6 @@ class DdpSession:
                 lambda job: lambda ctx: rankbody.run_in_rank(job, ctx),
                 log_path=os.path.join(self.folder(), "launcher.log"),
                 coverage_config=self.child_env().get(coverage_relay.ENV),
-                keep_terminal=live_terminal(session.config),
                 bypass=self._bypass,
                 # moving its memory into huge pages costs about 0.4 s of CPU once and saves
                 # several ms per run: worth it for more than a few runs

@@ -460,6 +460,11 @@ def _forked(pid: int, cmd: str) -> str:
     return f" (a fork of this process{f', running {target}' if target else ''})"
 
 
+def native_only(inodes: set[int]) -> set[int]:
+    """Of these sockets, those no Python socket object owns (native code's: a group's, a store's)."""
+    return inodes - set(_python_sockets(inodes))
+
+
 def _native_owners() -> str:
     """What native objects of torch.distributed are still referenced: the likely owners of
     sockets no Python object owns (a ProcessGroupGloo kept in a global, a TCPStore)."""

@@ -111,11 +111,18 @@ def native_c10d_types() -> tuple[type, ...]:
     return tuple(t for t in found if isinstance(t, type))
 
 
+def reaches_native_c10d(roots: Iterable[Any]) -> bool:
+    """Whether such an object is reachable from ``roots``: its sockets go when it is collected."""
+    kinds = native_c10d_types()
+    return bool(kinds) and any(issubclass(type(o), kinds) for o in _reachable(roots))
+
+
 def held_processes(pids: set[int]) -> dict[int, str]:
-    """Of these pids, those whose multiprocessing process object a pool-like owner holds
-    among its workers (a pool's, an executor's, a data loader's: killing one breaks its
-    owner, who waits for it or raises when it dies), with what holds it. A process kept on
-    its own (an attribute, a module's variable or list) is no worker of anything."""
+    """Of these pids, those whose multiprocessing process object a library's pool holds among
+    its workers (multiprocessing's and concurrent.futures' pools, torch's data loaders, joblib's:
+    killing one breaks its owner, who waits for it or raises when it dies), with what holds
+    it. A process kept otherwise (an attribute, a module's variable or list, a project's own
+    launcher) is no worker of such a pool."""
     mp_process = sys.modules.get("multiprocessing.process")
     if not pids or mp_process is None:
         return {}
@@ -149,9 +156,17 @@ def _pool_owner(holder: Any, everything: list[Any]) -> Any:
             owner = next((o for o in gc.get_referrers(outer) if getattr(o, "__dict__", None) is outer), None)
         else:
             owner = outer if hasattr(outer, "__dict__") else None
-        if owner is not None and not issubclass(type(owner), _OPAQUE):
+        if owner is not None and not issubclass(type(owner), _OPAQUE) and _is_pool(type(owner)):
             return owner
     return None
+
+
+# the libraries whose objects keep worker processes and break when one is killed under them
+_POOL_MODULES = ("multiprocessing.", "concurrent.futures.", "torch.utils.data.", "joblib.", "loky.", "billiard.")
+
+
+def _is_pool(kind: type) -> bool:
+    return any(getattr(k, "__module__", "").startswith(_POOL_MODULES) for k in kind.__mro__)
 
 
 def process_target(pid: int) -> str | None:

@@ -262,3 +262,44 @@ def test_a_special_test_with_a_bad_marker_starts_no_interpreter(pytester) -> Non
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*world_size must be an int >= 1 or a list of them, got 0 (int)*"])
     assert log.read_text().count("imported") == 1  # the session's own, no child interpreter's
+
+
+def test_a_subclass_marker_overrides_its_bases_and_a_nearer_size_must_agree(pytester) -> None:
+    pytester.makepyfile(
+        test_nearest="""
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        class TestBase:
+            expected = 2
+
+            def test_size(self):
+                assert dist.get_world_size() == self.expected
+
+        @pytest.mark.multirank(world_size=3)
+        class TestSub(TestBase):
+            expected = 3
+
+        class TestInherits(TestBase):
+            pass
+        """,
+        test_module_sizes="""
+        import pytest
+        import torch.distributed as dist
+
+        pytestmark = pytest.mark.multirank(world_size=[1, 2])
+
+        @pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.multirank(world_size=1))])
+        def test_param(n, world_size):
+            assert dist.get_world_size() == world_size
+        """,
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_module_sizes.py::test_param[[]1-2[]]: this test runs by @pytest.mark.multirank(world_size=1),"
+            " but a marker of its class or module made it for world_size=2*"
+        ]
+    )

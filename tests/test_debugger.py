@@ -138,7 +138,8 @@ def test_a_breakpoint_without_a_terminal_does_not_hang(pytester: pytest.Pytester
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1")
-    assert result.ret in (0, 1)
+    result.assert_outcomes(passed=1)  # an xdist worker has no terminal to lend: passed over
+    assert "BrokenPipeError" not in result.stdout.str()
     assert result.duration < 40
 
 

@@ -720,3 +720,80 @@ def test_udp_and_unix_sockets_are_named_as_what_they_are(inner) -> None:
     ran.result.assert_outcomes(passed=3, errors=2)
     ran.lines("  UDP socket bound to 127.0.0.1:* is still open")
     ran.lines("  Unix socket listening on */server.sock is still open")
+
+
+def test_a_fixture_fetched_inside_another_or_overridden_answers_for_itself(pytester) -> None:
+    pytester.makeconftest(
+        """
+        import os
+        import socket
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture(scope="session")
+        def server():
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            yield s
+            s.close()
+
+        @pytest.fixture(scope="session")
+        def dist_env(tmp_path_factory):
+            store = tmp_path_factory.mktemp("store") / "file"
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+            yield
+            dist.destroy_process_group()
+        """
+    )
+    pytester.makepyfile(
+        test_one="""
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture(scope="module")
+        def server(server):  # overrides the session fixture of the same name
+            return server
+
+        @pytest.fixture(scope="module")
+        def model(request):
+            request.getfixturevalue("dist_env")
+            return "model"
+
+        def test_uses_them(server, model):
+            dist.barrier()
+        """,
+        test_two="""
+        import torch.distributed as dist
+
+        def test_after_the_module(server, dist_env):
+            assert server.fileno() != -1, "the session fixture's socket was closed"
+            assert dist.is_initialized(), "the session's group was destroyed"
+            dist.barrier()
+        """,
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_store_a_module_fixture_returns_is_no_leftover_after_a_failed_test(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        from torch.distributed import TCPStore
+
+        @pytest.fixture(scope="module")
+        def store():
+            return TCPStore("127.0.0.1", 0, 1, True)
+
+        def test_fails(store):
+            store.set("k", "v")
+            assert store.get("k") == b"w"
+
+        def test_last(store):
+            pass
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.no_lines("*left behind*")

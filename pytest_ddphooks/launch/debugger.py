@@ -21,7 +21,11 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import IO, Any
 
-ACCEPT_SECONDS = 30.0  # a debugger nobody comes to is given up: the rank goes on
+# the pytest process lends its terminal to one rank at a time: another rank's debugger waits
+# its turn as long as that takes (the time limit stands still meanwhile, and still ends a rank
+# nobody ever comes to)
+ACCEPT_SECONDS: float | None = None
+LENT = b"\x01"  # the relay's first byte: the terminal is this rank's (a refusal closes without it)
 
 
 class _Terminal:
@@ -60,6 +64,13 @@ class RankDebugger:
         finally:
             listener.close()
         conn.settimeout(None)
+        try:
+            lent = conn.recv(1) == LENT
+        except OSError:
+            lent = False
+        if not lent:  # no terminal to lend (an xdist worker)
+            conn.close()
+            return None
         return conn, _Terminal(conn)
 
     def post_mortem(self, exc: BaseException) -> bool:
@@ -125,6 +136,7 @@ def relay(path: str, stdin: IO[str], stdout: IO[str]) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
+        sock.sendall(LENT)
     except OSError:
         sock.close()
         return
@@ -151,6 +163,6 @@ def relay(path: str, stdin: IO[str], stdout: IO[str]) -> None:
 
 
 def refuse(path: str) -> None:
-    """No terminal to lend: the rank's pdb reads the end of its input, as at a closed terminal."""
+    """No terminal to lend: the rank's debugger is not opened (its breakpoint is passed over)."""
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(path)

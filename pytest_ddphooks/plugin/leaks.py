@@ -23,7 +23,7 @@ import pytest
 from .. import coverage_relay, ownership, singletons, spmd
 from ..errors import LeakWarning
 from ..launch import procs
-from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot
+from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot, native_only
 from .markers import is_special
 from .session import DdpSession
 from .special import runs_here
@@ -99,9 +99,12 @@ class LeakHooks:
         self.session_report: list[str] = []
         self.relaunched = spmd.relaunched_rank() is not None
         self.late = ddp.late_leaks  # filled by the multirank hooks as the session ends
-        # wider-scoped fixture -> what its own setup made: of several fixtures set up for one
-        # test, the one that made a thing is the one named for it, and checked as its scope ends
-        self._made_by: dict[str, list[Leak]] = {}
+        # wider-scoped fixture (its definition: an override is another fixture) -> what its own
+        # setup made, less what fixtures it fetched inside made: of several fixtures set up for
+        # one test, the one that made a thing is the one named for it, checked as its scope ends
+        self._made_by: dict[Any, list[Leak]] = {}
+        self._inner_made: list[list[Leak]] = []  # per fixture setup running: what nested ones made
+        self._set_up: list[Any] = []  # wider fixtures set up during the current test's setup
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Generator[None, object, object]:
@@ -111,11 +114,17 @@ class LeakHooks:
             return (yield)
         with coverage_relay.HarnessWork():
             before = self.guard.snapshot()
+        self._inner_made.append([])
         try:
             return (yield)
         finally:
+            inner = self._inner_made.pop()
             with coverage_relay.HarnessWork():
-                self._made_by[fixturedef.argname] = self.guard.find(before)
+                made = [lk for lk in self.guard.find(before) if not any(lk.same(m) for m in inner)]
+            self._made_by[fixturedef] = made
+            self._set_up.append(fixturedef)
+            if self._inner_made:  # fetched inside another fixture's setup (request.getfixturevalue)
+                self._inner_made[-1].extend(inner + made)
 
     def _allow_for(self, item: pytest.Item) -> Allowlist | None:
         """The allowlist of one test, or None when its marker allows everything; read at its
@@ -166,10 +175,13 @@ class LeakHooks:
         # what the setup makes anew: a fixture never made yet, or one made again (for its
         # next parameter) holds a result it did not hold before
         had = [fd.cached_result for fd in scoped]
+        self._set_up = []
         try:
             return (yield)
         finally:
             made = [fd for fd, old in zip(scoped, had, strict=True) if fd.cached_result not in (None, old)]
+            # and those fetched inside fixtures (request.getfixturevalue), which the test never named
+            made += [fd for fd in self._set_up if fd not in made and fd.scope != "function"]
             if made:
                 item.stash[SCOPED_KEY] = made
                 with coverage_relay.HarnessWork():
@@ -252,11 +264,11 @@ class LeakHooks:
             owned = [lk for lk in leaks if any(lk.same(m) for m in made_in_setup)]
             if owned:
                 fixtures = item.stash[SCOPED_KEY]
-                # each thing is the fixture's whose setup made it; what none made alone (a
-                # thread one started for another), all of theirs
+                # each thing is the fixture's whose setup made it (one fetched inside another's
+                # included); what none made alone (a thread one started for another), all of theirs
                 by_owner: dict[tuple[Any, ...], list[Leak]] = {}
                 for lk in owned:
-                    makers = [fd for fd in fixtures if any(lk.same(m) for m in self._made_by.get(fd.argname, ()))]
+                    makers = [fd for fd, made in self._made_by.items() if any(lk.same(m) for m in made)]
                     by_owner.setdefault(tuple(makers or fixtures), []).append(lk)
                 for owners, theirs in by_owner.items():
                     nodes = [self._scope_node(item, fd.scope) for fd in owners]
@@ -341,6 +353,13 @@ class LeakHooks:
         running) stays, and is the fixture's leftover."""
         still = [lk for lk in self.guard.find(entry.before) if any(lk.same(o) for o in entry.leaks)]
         still = [lk for lk in still if not self.allow.allows(lk)]
+        args = dict(getattr(item, "funcargs", None) or {})
+        sockets = {lk.ref for lk in still if lk.kind == "socket"}
+        if sockets and args and ownership.reaches_native_c10d(args.values()):
+            # a group or a store the value holds keeps its sockets in native code: they close
+            # as it is collected, which an earlier test's failure may still put off a while
+            native = native_only(sockets)
+            still = [lk for lk in still if not (lk.kind == "socket" and lk.ref in native)]
         return self.guard.settle(entry.before, still, holders=_holders(item) if item is not None else ())
 
     def _ended_scopes(self, item: pytest.Item) -> list[tuple[_Pending, list[Outcome]]]:

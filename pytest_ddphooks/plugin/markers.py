@@ -51,10 +51,26 @@ def _closest_multirank(node: pytest.Item | pytest.Function | object) -> tuple[st
     chain = node.listchain() if isinstance(node, pytest.Item) else [node]  # type: ignore[union-attr]
     for at in reversed(chain):
         own = [m for m in getattr(at, "own_markers", ()) if m.name == "multirank"]
+        if own and isinstance(at, pytest.Class):
+            # a class's markers include its bases': the ones it sets itself override those
+            declared = [m for m in _marks_of(vars(at.obj).get("pytestmark", [])) if m.name == "multirank"]
+            own = declared or own[-1:]  # else the nearest base's (the last in pytest's order)
         if own:
             kind = "module" if isinstance(at, pytest.Module) else "class" if isinstance(at, pytest.Class) else "test"
             return kind, own
     return "test", []
+
+
+def nearest_multirank(node: object) -> pytest.Mark | None:
+    """The multirank marker a test runs by: its own, else its class's (a subclass's own over
+    its bases'), else its module's."""
+    _, markers = _closest_multirank(node)
+    return markers[0] if markers else None
+
+
+def _marks_of(value: object) -> list[pytest.Mark]:
+    marks = value if isinstance(value, list) else [value]
+    return [getattr(m, "mark", m) for m in marks if isinstance(getattr(m, "mark", m), pytest.Mark)]
 
 
 def read_spec(nodeid: str, node: object, marker: pytest.Mark) -> MultirankSpec:
@@ -77,7 +93,7 @@ class MarkerHooks:
 
     @pytest.hookimpl(trylast=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        marker = metafunc.definition.get_closest_marker("multirank")
+        marker = nearest_multirank(metafunc.definition)
         if marker is None:
             return
         try:
@@ -100,7 +116,7 @@ class MarkerHooks:
                     " @pytest.mark.multirank(timeout=...) or pytest-timeout's @pytest.mark.timeout(...)"
                 )
                 continue
-            marker = item.get_closest_marker("multirank")
+            marker = nearest_multirank(item)
             if marker is None:
                 continue
             if not isinstance(item, pytest.Function) or type(item).__name__ == "TestCaseFunction":
@@ -124,7 +140,7 @@ class MarkerHooks:
                 continue
             size = spec.world_sizes[0]
             callspec = getattr(item, "callspec", None)
-            problem = _parameter_clash(item, spec.many, callspec)
+            problem = _parameter_clash(item, spec, callspec)
             if problem is not None:
                 item.stash[BAD_MARKER_KEY] = problem
                 continue
@@ -153,8 +169,9 @@ def _parametrized(node: object, name: str) -> bool:
     return False
 
 
-def _parameter_clash(item: pytest.Item, many: bool, callspec: object) -> str | None:
+def _parameter_clash(item: pytest.Item, spec: MultirankSpec, callspec: object) -> str | None:
     """Why a multirank test's parameters and its marker cannot both hold, or None."""
+    many = spec.many
     clash = [n for n in ("world_size", "rank") if _parametrized(item, n)]
     if clash:
         return (
@@ -163,6 +180,13 @@ def _parameter_clash(item: pytest.Item, many: bool, callspec: object) -> str | N
             " (world_size=[2, 4]) and give the parameter another name"
         )
     params = getattr(callspec, "params", {})
+    if "world_size" in params and params["world_size"] not in spec.world_sizes:
+        # the sizes of a wider marker made this test; a nearer one (pytest.param's marks) differs
+        return (
+            f"{item.nodeid}: this test runs by @pytest.mark.multirank(world_size={spec.world_sizes[0]}), but a"
+            f" marker of its class or module made it for world_size={params['world_size']}: give the sizes in"
+            " one marker (world_size=[...]) or one size per pytest.param"
+        )
     if many and "world_size" not in params:
         return (
             f"{item.nodeid}: @pytest.mark.multirank(world_size=[...]) makes one test per size where it marks the"

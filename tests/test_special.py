@@ -319,3 +319,49 @@ def test_a_failed_special_test_is_rerun_each_time_in_an_interpreter_of_its_own(p
     assert len(attempts) == 2 and attempts[0][0] != attempts[1][0]
     # its tmp_path is under the session's --basetemp, and kept
     assert all(path.startswith(str(base)) and os.path.isdir(path) for _, path in attempts)
+
+
+def test_the_sessions_own_teardown_after_a_special_test_is_captured_and_one_report(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_teardown="""
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def shared():
+            yield 1
+            print("module teardown says hello")
+            raise RuntimeError("module teardown failed")
+
+        def test_plain(shared):
+            pass
+
+        @pytest.mark.special
+        def test_special_last():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", "--junitxml=out.xml")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*ERROR at teardown of test_special_last*", "*Captured stdout teardown*", "module teardown says hello"]
+    )
+    result.stdout.no_fnmatch_line("test_teardown.py ..module teardown says hello*")  # not raw on the terminal
+    suite = ET.parse(pytester.path / "out.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "2"
+
+
+def test_a_special_multiranks_lines_are_labelled_once(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_labels="""
+        import pytest
+
+        @pytest.mark.special
+        @pytest.mark.multirank(world_size=2)
+        def test_says(rank):
+            print(f"hello from {rank}")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "junit_logging=all", "--junitxml=out.xml")
+    result.assert_outcomes(passed=1)
+    text = (pytester.path / "out.xml").read_text()
+    assert "[rank 1] hello from 1" in text and "[rank 1] [rank 1]" not in text

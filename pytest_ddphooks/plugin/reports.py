@@ -194,7 +194,8 @@ def _rank_labelled(sections: list[tuple[str, str]]) -> list[tuple[str, str]] | N
         found = _RANK_SECTION.fullmatch(title)
         if found is not None:
             label = f"[rank {found.group(1)}] "
-            text = "".join(label + line for line in text.splitlines(keepends=True))
+            # a special test's interpreter sends its sections labelled already: once is enough
+            text = "".join(line if line.startswith(label) else label + line for line in text.splitlines(keepends=True))
         out.append((title, text))
     return out
 

@@ -186,6 +186,34 @@ def _report(
     )
 
 
+def _with_parent_teardown(item: pytest.Item, nextitem: pytest.Item | None, reports: list[TestReport]) -> None:
+    """The parent's own fixture stack ends where the next test expects it (the module and
+    session fixtures earlier plain tests set up, when this test is the scope's last), captured
+    as pytest captures a teardown; what it printed or raised joins the test's one teardown
+    report, as a plain test's would."""
+    capman = item.config.pluginmanager.getplugin("capturemanager")
+    item._report_sections = [s for s in getattr(item, "_report_sections", []) if s[0] != "teardown"]  # type: ignore[attr-defined]
+
+    def teardown() -> None:
+        if capman is None:
+            item.session._setupstate.teardown_exact(nextitem)
+            return
+        with capman.item_capture("teardown", item):
+            item.session._setupstate.teardown_exact(nextitem)
+
+    call = CallInfo.from_call(teardown, when="teardown")
+    ours = TestReport.from_item_and_call(item, call)
+    ours.sections = [(title, text) for title, text in ours.sections if title.endswith(" teardown")]
+    theirs = next((r for r in reports if r.when == "teardown"), None)
+    if theirs is None:
+        if call.excinfo is not None or ours.sections:
+            reports.append(ours)
+        return
+    theirs.sections.extend(ours.sections)
+    if call.excinfo is not None and not theirs.failed:
+        theirs.outcome, theirs.longrepr = ours.outcome, ours.longrepr
+
+
 class SpecialHooks:
     """Parent side: run special tests in their own interpreter and relay their reports."""
 
@@ -205,6 +233,8 @@ class SpecialHooks:
             reports = self._run(item)
             # pytest-rerunfailures' reruns, each attempt in an interpreter of its own
             again = attempt < reruns and any(r.failed and _rerunnable(item, r) for r in reports)
+            if not again:
+                _with_parent_teardown(item, nextitem, reports)
             for report in reports:
                 if reruns:
                     report.rerun = attempt  # type: ignore[attr-defined]
@@ -214,10 +244,6 @@ class SpecialHooks:
             if not again:
                 break
             attempt += 1
-        # the parent's fixture stack must still end where the next test expects it
-        call = CallInfo.from_call(lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown")
-        if call.excinfo is not None:
-            ihook.pytest_runtest_logreport(report=TestReport.from_item_and_call(item, call))
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 

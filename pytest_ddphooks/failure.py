@@ -552,9 +552,14 @@ def _quiet_verdict(report: RunReport) -> Verdict:
     skipped = [r for r, res in results if res.outcome == "skipped"]
     if skipped:
         first = report.results[skipped[0]]
-        text = first.message
-        if len(skipped) < report.world_size:
-            text = f"{text} (on {ranks_words(skipped)}; the other ranks passed)"
+        reasons: dict[str, list[int]] = {}
+        for r in skipped:
+            reasons.setdefault(report.results[r].message, []).append(r)
+        passed = "; the other ranks passed" if len(skipped) < report.world_size else ""
+        if len(reasons) == 1:
+            text = first.message + (f" (on {ranks_words(skipped)}{passed})" if passed else "")
+        else:  # each rank's own reason, not the first one's for all
+            text = "; ".join(f"{why} (on {ranks_words(rs)})" for why, rs in reasons.items()) + passed
         return Verdict("skipped", message=text, location=first.location)
     return Verdict("passed")
 

@@ -241,3 +241,14 @@ def test_skips_and_xfails_merge_across_ranks() -> None:
     assert (verdict.outcome, verdict.message) == ("skipped", "Skipped: no data (on rank 1; the other ranks passed)")
     xfailed = RankResult(0, "xfailed", message="known")
     assert classify(_report(results={0: xfailed, 1: skipped})).outcome == "xfailed"
+
+
+def test_ranks_that_skip_for_different_reasons_each_keep_theirs() -> None:
+    def skip(rank: int, why: str) -> RankResult:
+        return RankResult(rank, "skipped", message=f"Skipped: {why}", location=("test_x.py", 3))
+
+    results = {0: _passed(0), 1: skip(1, "no data"), 2: skip(2, "no GPU"), 3: skip(3, "no data")}
+    verdict = classify(_report(4, results=results))
+    assert verdict.message == ("Skipped: no data (on ranks 1,3); Skipped: no GPU (on rank 2); the other ranks passed")
+    same = _report(results={0: skip(0, "no data"), 1: skip(1, "no data")})
+    assert classify(same).message == "Skipped: no data"

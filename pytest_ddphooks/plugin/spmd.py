@@ -197,13 +197,23 @@ class SpmdHooks:
         with contextlib.suppress(Exception):
             if self.rank == 0:
                 self.coord.store.set(SESSION_DONE, b"1")
-            elif self.stopping is None:  # stopped by torchrun: rank 0 is being stopped too
-                self.coord.store.wait([SESSION_DONE], timedelta(days=1))
+            else:
+                # in short waits: a SIGTERM from torchrun (rank 0 is being stopped too, or
+                # ended) is taken between them
+                while self.stopping is None:
+                    began = time.monotonic()
+                    try:
+                        self.coord.store.wait([SESSION_DONE], timedelta(seconds=0.5))
+                        break
+                    except Exception:
+                        if time.monotonic() - began < 0.25:
+                            break  # not a time-out: the store is gone, and rank 0 with it
         # every report is written: a SIGTERM torchrun sends now (another rank ended with an
-        # error) finds the interpreter shutting down, where a handler of ours could crash it
+        # error) finds the interpreter shutting down, where a handler of ours could crash it;
+        # it ends the process as it would without us (a rank stuck in its shutdown included)
         with contextlib.suppress(Exception):
             faulthandler.unregister(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.deselected:
@@ -536,6 +546,7 @@ class SpmdHooks:
             say(text)
         with contextlib.suppress(Exception):
             self.coord.store.set(f"hang-ack/{item.nodeid}", b"1")
+            self.coord.store.set(SESSION_DONE, b"1")  # the reports are written: the others may end
         os._exit(int(pytest.ExitCode.TESTS_FAILED))
 
     def _hang_post(self, item: pytest.Item, recorder: Recorder, limit: float) -> HangPost:

@@ -29,10 +29,11 @@ def test_prints_then_waits(rank, tmp_path_factory):
 """
 
 
-def test_rank_lines_reach_the_terminal_while_the_test_runs(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_live=WAITS_FOR_THE_READER)
+def _run_until_seen(pytester: pytest.Pytester, args: list[str], wanted: list[bytes]) -> tuple[int, str]:
+    """Run pytest with ``args``; once every ``wanted`` line was on its stdout, let the test go
+    on (it waits for that, see ``WAITS_FOR_THE_READER``). Its exit code and whole output."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider", "test_live.py"],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=pytester.path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -41,18 +42,111 @@ def test_rank_lines_reach_the_terminal_while_the_test_runs(pytester: pytest.Pyte
     assert proc.stdout is not None
     seen = b""
     deadline = time.monotonic() + 60
-    while b"[rank 0] ready on 0" not in seen or b"[rank 1] ready on 1" not in seen:
+    while not all(line in seen for line in wanted):
         assert time.monotonic() < deadline, seen.decode(errors="replace")
         ready, _, _ = select.select([proc.stdout], [], [], 1.0)
         if ready:
             seen += proc.stdout.read1(65536)
     (pytester.path / "go").write_text("seen")
     out, _ = proc.communicate(timeout=60)
-    text = (seen + out).decode()
-    assert proc.returncode == 0, text
+    return proc.returncode, (seen + out).decode()
+
+
+def test_rank_lines_reach_the_terminal_while_the_test_runs(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_live=WAITS_FOR_THE_READER)
+    code, text = _run_until_seen(pytester, ["-s", "test_live.py"], [b"[rank 0] ready on 0", b"[rank 1] ready on 1"])
+    assert code == 0, text
     for rank in (0, 1):
         assert f"[rank {rank}] and on stderr {rank}" in text
         assert f"[rank {rank}] after the go" in text
+
+
+LOGS_THEN_WAITS = WAITS_FOR_THE_READER.replace(
+    'print(f"ready on {rank}", flush=True)', 'logging.getLogger("app").info("ready on %d", rank)'
+).replace("import os\n", "import logging\nimport os\n", 1)
+
+
+def test_live_logging_shows_rank_records_while_the_test_runs(pytester: pytest.Pytester) -> None:
+    """``log_cli``: a rank's records reach pytest's live log as they are logged, in its
+    section and format, prefixed by rank; the captured output stays captured."""
+    pytester.makepyfile(test_live=LOGS_THEN_WAITS)
+    code, text = _run_until_seen(
+        pytester,
+        ["-o", "log_cli=true", "--log-cli-level=INFO", "test_live.py"],
+        [b"[rank 0] INFO     app:test_live.py:", b"[rank 1] INFO     app:test_live.py:"],
+    )
+    assert code == 0, text
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if "live log call" in line)
+    shown = [line for line in lines[header:] if line.startswith("[rank ")]
+    line = LOGS_THEN_WAITS.strip().splitlines().index('    logging.getLogger("app").info("ready on %d", rank)') + 1
+    assert sorted(shown) == [
+        f"[rank 0] INFO     app:test_live.py:{line} ready on 0",
+        f"[rank 1] INFO     app:test_live.py:{line} ready on 1",
+    ], text
+    assert "live log setup" not in text  # logged in the call, although a peer may still set up
+    assert "after the go" not in text  # printed, not logged: captured as before
+
+
+def test_live_logging_keeps_pytest_levels_phases_and_format(inner) -> None:
+    ran = inner(
+        """
+        import logging
+        import pytest
+
+        log = logging.getLogger("app")
+
+        @pytest.fixture
+        def prepared(rank):
+            log.warning("set up on %d", rank)
+            yield
+            log.warning("torn down on %d", rank)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_logs(rank, prepared):
+            log.debug("too quiet on %d", rank)
+            try:
+                raise ValueError("kept")
+            except ValueError:
+                log.exception("failed on %d", rank)
+        """,
+        "-o",
+        "log_cli=true",
+        "--log-cli-level=INFO",
+        "--log-cli-format=%(levelname)s|%(name)s|%(message)s",
+        "-s",
+        subprocess=True,
+    )
+    ran.result.assert_outcomes(passed=1)
+    for rank in (0, 1):
+        ran.lines(
+            "*- live log setup -*",
+            f"[[]rank {rank}[]] WARNING|app|set up on {rank}",
+            "*- live log call -*",
+            f"[[]rank {rank}[]] ERROR|app|failed on {rank}",
+            f"[[]rank {rank}[]] Traceback (most recent call last):",
+            f"[[]rank {rank}[]] ValueError: kept",
+            "*- live log teardown -*",
+            f"[[]rank {rank}[]] WARNING|app|torn down on {rank}",
+        )
+    ran.no_lines("*too quiet*")
+
+
+def test_without_live_logging_no_rank_record_reaches_the_terminal(inner) -> None:
+    ran = inner(
+        """
+        import logging
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_logs(rank):
+            logging.getLogger("app").warning("said by %d", rank)
+        """,
+        "-v",
+    )
+    ran.result.assert_outcomes(passed=1)
+    ran.no_lines("*said by*")
+    ran.no_lines("*live log*")
 
 
 def test_without_s_rank_output_is_in_the_report_sections(inner) -> None:

@@ -9,7 +9,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .job import Job
 from .procs import retire
@@ -45,14 +45,19 @@ class RankOutput:
         retire(1, 2, self.crash_fd)
 
 
-class LiveTail:
-    """The lines a run's ranks print, as they print them (``-s``): read from the ranks' own
-    files every ``every`` seconds and written to ``fd``, each prefixed ``[rank N]`` (a line
-    still being written waits for its end, or for the run's)."""
+LineSink = Callable[[int, str, list[bytes]], None]  # (rank, file kind, whole lines)
 
-    def __init__(self, job: Job, fd: int, every: float = 0.02) -> None:
+
+class LiveTail:
+    """The lines a run's ranks write to their ``kinds`` of file, as they write them: read every
+    ``every`` seconds and handed to ``sink`` (a line still being written waits for its end, or
+    for the run's). ``-s`` follows stdout and stderr onto the terminal (``terminal_sink``);
+    live logging follows the records each rank ships."""
+
+    def __init__(self, job: Job, sink: LineSink, kinds: tuple[str, ...] = ("out", "err"), every: float = 0.02) -> None:
         self.job = job
-        self.fd = fd
+        self.sink = sink
+        self.kinds = kinds
         self.every = every
         self._files: dict[tuple[int, str], int] = {}
         self._pending: dict[tuple[int, str], bytes] = {}
@@ -64,7 +69,7 @@ class LiveTail:
         self._thread.start()
 
     def stop(self) -> None:
-        """The run is over: what is left, unfinished lines too, reaches the terminal."""
+        """The run is over: what is left, unfinished lines too, reaches the sink."""
         self._stop.set()
         self._thread.join(5.0)
         self._read(final=True)
@@ -80,8 +85,7 @@ class LiveTail:
 
     def _read(self, final: bool = False) -> None:
         for rank in range(self.job.world_size):
-            prefix = f"[rank {rank}] ".encode()
-            for kind in ("out", "err"):
+            for kind in self.kinds:
                 key = (rank, kind)
                 fd = self._files.get(key)
                 if fd is None:
@@ -98,7 +102,18 @@ class LiveTail:
                 elif rest:
                     self._pending[key] = rest
                 if lines:
-                    _write(self.fd, b"".join(prefix + line + b"\n" for line in lines))
+                    with contextlib.suppress(Exception):  # a sink that fails loses lines, never the run
+                        self.sink(rank, kind, lines)
+
+
+def terminal_sink(fd: int) -> LineSink:
+    """Each line to ``fd``, prefixed ``[rank N]``."""
+
+    def write(rank: int, kind: str, lines: list[bytes]) -> None:
+        prefix = f"[rank {rank}] ".encode()
+        _write(fd, b"".join(prefix + line + b"\n" for line in lines))
+
+    return write
 
 
 def _read_some(fd: int) -> bytes:

@@ -36,7 +36,8 @@ from ..stacks import dump_stacks
 from . import procs, protocol
 from .job import Job
 from .launcher import Launcher
-from .output import LiveTail, as_text, split_by_phase
+from .livelog import LIVE_LOG
+from .output import LineSink, LiveTail, as_text, split_by_phase, terminal_sink
 
 # how often a waiting run looks at what the ranks recorded; a desync must be seen twice
 POLL_SECONDS = 0.5
@@ -68,11 +69,17 @@ class RunWatch:
         poll: float = POLL_SECONDS,
         lend_terminal: Callable[[int, str], None] | None = None,
         live_fd: int | None = None,
+        live_log: LineSink | None = None,
     ) -> None:
         self.launcher = launcher
         self.job = job
-        # -s: the ranks' lines to this descriptor as they print them
-        self._tail = LiveTail(job, live_fd) if job.live_output and live_fd is not None else None
+        # -s: the ranks' lines to this descriptor as they print them; live logging: the log
+        # records they ship, to pytest's live log
+        self._tails: list[LiveTail] = []
+        if job.live_output and live_fd is not None:
+            self._tails.append(LiveTail(job, terminal_sink(live_fd)))
+        if live_log is not None:
+            self._tails.append(LiveTail(job, live_log, kinds=(LIVE_LOG,)))
         # a rank wants a debugger (rank, the socket it listens on): the terminal is lent to it
         self.lend_terminal = lend_terminal
         self.grace = grace
@@ -102,8 +109,8 @@ class RunWatch:
         self._started = time.monotonic()
         self.report.started_ns = time.time_ns()
         self.pids, self.report.prepared = self.launcher.spawn(self.job)
-        if self._tail is not None:
-            self._tail.start()
+        for tail in self._tails:
+            tail.start()
         self._deadline = self._started + self.job.timeout
         self._next_poll = self._started + self.poll
 
@@ -168,13 +175,13 @@ class RunWatch:
     def _on_note(self, note: protocol.Noted) -> None:
         if note.phase == "debug" and self.lend_terminal is not None:
             began = time.monotonic()
-            if self._tail is not None:
-                self._tail.paused.set()  # the debugger has the terminal: the other ranks' lines wait
+            for tail in self._tails:
+                tail.paused.set()  # the debugger has the terminal: the other ranks' lines wait
             try:
                 self.lend_terminal(note.rank, note.status)
             finally:
-                if self._tail is not None:
-                    self._tail.paused.clear()
+                for tail in self._tails:
+                    tail.paused.clear()
             # the time a person spent in the debugger is not the test's
             spent = time.monotonic() - began
             self._deadline += spent
@@ -379,9 +386,9 @@ class RunWatch:
         """What the run's ranks reported, output and recorded events included (once it is over)."""
         report, job = self.report, self.job
         report.duration = time.monotonic() - self._started
-        if self._tail is not None:
-            self._tail.stop()  # every rank ended: what they printed last reaches the terminal
-            self._tail = None
+        for tail in self._tails:
+            tail.stop()  # every rank ended: what they printed last reaches the terminal
+        self._tails = []
         for r in range(job.world_size):
             out, err = read_bytes(job.path(r, "out")), read_bytes(job.path(r, "err"))
             if out or err:

@@ -36,6 +36,7 @@ from ..schedule import Profile, describe_hold, held_seconds, holds
 from . import rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
+from .livelog import live_log_sink
 from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, is_special
 from .notices import warn_at
 from .reports import (
@@ -449,7 +450,13 @@ class MultirankHooks:
 
     def _launch(self, item: pytest.Item, job: Job) -> RunWatch:
         live = live_terminal(self.config) if self._live else None
-        watch = RunWatch(self.ddp.start_launcher(item.session), job, lend_terminal=self._lend_terminal, live_fd=live)
+        watch = RunWatch(
+            self.ddp.start_launcher(item.session),
+            job,
+            lend_terminal=self._lend_terminal,
+            live_fd=live,
+            live_log=live_log_sink(self.config),
+        )
         watch.start()
         return watch
 

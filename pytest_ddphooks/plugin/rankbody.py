@@ -30,10 +30,12 @@ from _pytest.warnings import catch_warnings_for_item
 
 from .. import warning_relay
 from ..faults import Faults
+from ..launch import livelog
 from ..launch.job import Job
 from ..launch.output import capture_bypassed, positions
 from ..launch.rank import RankContext
 from ..report import RankResult
+from .livelog import LIVE_LOG, shipping_logs
 from .rankfixtures import RankFixtures, remember_classes, restore_test_state
 
 _items: dict[str, pytest.Function] = {}
@@ -100,7 +102,12 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     _bypass_capture_when_disabled(item.config)
     xml = item.config.stash.get(xml_key, None)
     had = len(item.user_properties), len(xml.global_properties) if xml is not None else 0
-    with catch_warnings_for_item(item.config, log, "runtest", item), _capturing_logs(item), _assertion_hooks(item):
+    with (
+        catch_warnings_for_item(item.config, log, "runtest", item),
+        _capturing_logs(item),
+        shipping_logs(item.config, job.path(ctx.rank, LIVE_LOG)),
+        _assertion_hooks(item),
+    ):
         result = _run_body(item, payload, ctx)
     # what the body recorded for the junit report (record_property, record_testsuite_property)
     result.properties = [_sendable(p) for p in item.user_properties[had[0] :]]
@@ -187,8 +194,10 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
     error: BaseException | None = None
     phase = "setup"
     marks: list[tuple[str, int, int]] = []  # where the body's and the teardown's output begin
+    livelog.phase = "setup"
 
     def mark(begins: str) -> None:
+        livelog.phase = begins
         at = positions()
         if at is not None:
             marks.append((begins, *at))

@@ -12,7 +12,7 @@ the ranks record, never the whole run again. Two questions are answered from it:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,21 +35,23 @@ class _Rank:
     joins: dict[str, int] = field(default_factory=dict)  # init_process_group / new_group -> calls started
     exchanges: int = 0  # timeline() calls started
     in_exchange: int = 0  # the timeline() call it is inside, 0 when none
+    placed: int | None = None  # its rank in the default group, as its init_process_group returned
     count: int = 0  # events recorded
 
 
 JOIN = "join"  # what init_process_group and new_group wait for: every rank's call of it
 
 
-def describe_call(info: dict[str, Any]) -> str:
-    """``all_reduce #3 on the default group``, ``recv from rank 1``, ``init_process_group``."""
+def describe_call(info: dict[str, Any], lane: Callable[[Any], int] = int) -> str:
+    """``all_reduce #3 on the default group``, ``recv from rank 1``, ``init_process_group``
+    (a peer named by ``lane`` of the rank the call named)."""
     op = str(info.get("op"))
     if info.get("sync") == JOIN:
         return op
-    if info.get("sync") == collectives.RECV:
-        return f"recv from rank {info.get('src')}"
-    if info.get("sync") == collectives.SEND:
-        return f"send to rank {info.get('dst')}"
+    if info.get("sync") in (collectives.RECV, collectives.SEND):
+        recv = info.get("sync") == collectives.RECV
+        peer = info.get("src" if recv else "dst")
+        return f"{'recv from' if recv else 'send to'} rank {peer if peer is None else lane(peer)}"
     label = collectives.group_label(str(info.get("group")), info.get("ranks"))
     return f"{op} #{info.get('seq')} on {label}"
 
@@ -57,6 +59,26 @@ def describe_call(info: dict[str, Any]) -> str:
 class RankProgress:
     def __init__(self) -> None:
         self._ranks: dict[int, _Rank] = {}
+        self._lanes: dict[int, int] = {}  # group rank -> lane, where the code under test chose its own
+
+    def _lane(self, group_rank: Any) -> int:
+        """The lane (launcher rank) of a rank of the default group as collectives name it."""
+        return self._lanes.get(int(group_rank), int(group_rank))
+
+    def _place(self, lane: int) -> int:
+        placed = self._of(lane).placed
+        return lane if placed is None or not self._lanes else placed
+
+    def _placed(self, state: _Rank, info: dict[str, Any]) -> None:
+        """A rank's init_process_group returned its place: lanes and group ranks differ only
+        where the code under test chose them (``rank=1 - RANK``)."""
+        if state.placed is not None or not isinstance(info.get("rank"), int):
+            return
+        state.placed = int(info["rank"])
+        placed = {lane: st.placed for lane, st in self._ranks.items() if st.placed is not None}
+        lanes = {given: lane for lane, given in placed.items()}
+        identity = all(given == lane for lane, given in placed.items())
+        self._lanes = {} if identity or len(lanes) != len(placed) else lanes
 
     def _of(self, rank: int) -> _Rank:
         state = self._ranks.get(rank)
@@ -92,6 +114,8 @@ class RankProgress:
                     state.in_exchange = 0
             elif kind == events.GROUP:
                 self._join(state, call_id, phase, info or {})
+                if phase == events.END and info:
+                    self._placed(state, info)
             elif kind in (events.COLLECTIVE, events.P2P):
                 self._call(state, call_id, kind, phase, info or {})
                 if phase == events.END and state.inside.get(call_id, {}).get("native"):
@@ -206,7 +230,7 @@ class RankProgress:
         exchanging = {rank: self._of(rank).in_exchange for rank in sorted(live) if self._of(rank).in_exchange}
         waits: dict[int, list[int]] = {}
         for rank, info in blocked.items():
-            members = info.get("ranks") or range(int(info.get("group_size") or world_size))
+            members = [self._lane(m) for m in info.get("ranks") or range(int(info.get("group_size") or world_size))]
             key = collective_key(info)
             waits[rank] = [
                 m for m in members if m != rank and (m in blocked or m in exchanging) and key not in self._of(m).entered
@@ -233,7 +257,7 @@ class RankProgress:
             for info in state.inside.values():
                 absent = self._absent(rank, info, finished, world_size)
                 if absent:
-                    out[rank] = (describe_call(info), absent)
+                    out[rank] = (describe_call(info, self._lane), absent)
                     break
         return out
 
@@ -242,28 +266,31 @@ class RankProgress:
         if sync == JOIN:
             op = str(info.get("op"))
             return [m for m in sorted(finished) if self._of(m).joins.get(op, 0) < int(info.get("join", 1))]
+        # sends and receives are counted by group ranks, as the calls name their peers
         if sync == collectives.RECV:
             src = info.get("src")
-            if src is None or src not in finished:
+            peer = None if src is None else self._lane(src)
+            if peer is None or peer not in finished:
                 return []
-            if finished[src] == KILLED:
-                return [int(src)]
+            if finished[peer] == KILLED:
+                return [peer]
             key = (info.get("group"), src, info.get("tag", 0))
-            sent = self._of(int(src)).sent.get((info.get("group"), rank, info.get("tag", 0)), 0)
-            return [int(src)] if sent <= self._of(rank).received.get(key, 0) else []
+            sent = self._of(peer).sent.get((info.get("group"), self._place(rank), info.get("tag", 0)), 0)
+            return [peer] if sent <= self._of(rank).received.get(key, 0) else []
         if sync == collectives.SEND:
             # gloo's send waits for the peer's receive: one that left without it never comes
             dst = info.get("dst")
-            if dst is None or dst not in finished:
+            peer = None if dst is None else self._lane(dst)
+            if peer is None or peer not in finished:
                 return []
-            if finished[dst] == KILLED:
-                return [int(dst)]
+            if finished[peer] == KILLED:
+                return [peer]
             tag = info.get("tag", 0)
             sent = self._of(rank).sent.get((info.get("group"), dst, tag), 0)
-            return [int(dst)] if self._of(int(dst)).received.get((info.get("group"), rank, tag), 0) < sent else []
+            return [peer] if self._of(peer).received.get((info.get("group"), self._place(rank), tag), 0) < sent else []
         if not info.get("seq"):
             return []
-        members = info.get("ranks") or list(range(int(info.get("group_size") or world_size)))
+        members = [self._lane(m) for m in info.get("ranks") or range(int(info.get("group_size") or world_size))]
         key = collective_key(info)
         # a member killed (by an injected fault) can never finish it, entered or not
         return [

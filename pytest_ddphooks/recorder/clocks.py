@@ -13,7 +13,7 @@ synchronisation really enforced.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,6 +159,7 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
     """Group the recorded collectives and sends/recvs of all ranks into instances."""
     found: dict[tuple[Any, ...], Instance] = {}
     world = tuple(sorted(by_rank))
+    lane = lanes_of(by_rank)
     for rank, evs in by_rank.items():
         open_starts: dict[int, Event] = {}
         of_call: dict[int, Instance] = {}  # call id -> its instance, for the wait of an async call
@@ -184,14 +185,25 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                     if inst is None:
                         members = e.info.get("ranks") or list(range(int(e.info.get("group_size") or len(world))))
                         _, sync, _, _ = collectives.OPS.get(op_of(e), (None, collectives.NONE, None, None))
+                        root = e.info.get("root")
                         inst = found[key] = Instance(
-                            key, op_of(e), sync, str(e.info["group"]), tuple(members), e.info.get("root")
+                            key,
+                            op_of(e),
+                            sync,
+                            str(e.info["group"]),
+                            tuple(lane(m) for m in members),
+                            None if root is None else lane(root),
                         )
                     inst.starts[rank] = e
                     of_call[e.call_id] = inst
                 elif e.kind == events.P2P and e.info.get("sync") == collectives.SEND and e.info.get("seq"):
                     inst = _pair(
-                        found, e.info["group"], e.info["src"], e.info["dst"], e.info.get("tag", 0), e.info["seq"]
+                        found,
+                        e.info["group"],
+                        lane(e.info["src"]),
+                        lane(e.info["dst"]),
+                        e.info.get("tag", 0),
+                        e.info["seq"],
                     )
                     inst.starts[rank] = e
                     of_call[e.call_id] = inst
@@ -213,20 +225,45 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                         found_inst.ends[rank] = e
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.SEND and start.info.get("seq"):
                     info = start.info
-                    sent = _pair(found, info["group"], info["src"], info["dst"], info.get("tag", 0), info["seq"])
+                    sent = _pair(
+                        found, info["group"], lane(info["src"]), lane(info["dst"]), info.get("tag", 0), info["seq"]
+                    )
                     sent.ends[rank] = e  # an isend never waited is named, as an irecv is
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq"):
                     inst = _pair(
                         found,
                         start.info["group"],
-                        e.info["src"],
-                        start.info["dst"],
+                        lane(e.info["src"]),
+                        lane(start.info["dst"]),
                         start.info.get("tag", 0),
                         e.info["seq"],
                     )
                     inst.ends[rank] = e
                     of_call[e.call_id] = inst
     return found
+
+
+def lanes_of(by_rank: Mapping[int, Sequence[Event]]) -> Callable[[Any], int]:
+    """The lane of a rank of the default group, as collectives name ranks (roots, peers, a
+    sub-group's members). A lane is the recorder's rank, which is the group's unless the code
+    under test initialised the group with ranks of its own (``rank=1 - RANK``): then each
+    lane's place in the group is what its ``init_process_group`` returned."""
+    placed: dict[int, int] = {}
+    for rank, evs in by_rank.items():
+        for e in evs:
+            if e.kind == events.GROUP and e.phase == events.END and e.name.endswith("init_process_group"):
+                given = e.info.get("rank")
+                if isinstance(given, int):
+                    placed.setdefault(rank, given)
+                    break
+    lane_of = {given: rank for rank, given in placed.items()}
+    if len(lane_of) != len(placed) or all(given == rank for rank, given in placed.items()):
+        return int  # the usual case, or lanes that disagree on their places: as recorded
+
+    def lane(group_rank: Any) -> int:
+        return lane_of.get(int(group_rank), int(group_rank))
+
+    return lane
 
 
 class Clocks:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from ..errors import DdpHooksWarning
 from . import collectives, events, export
-from .clocks import Clocks, Instance, instances, op_of
+from .clocks import Clocks, Instance, instances, lanes_of, op_of
 from .events import Event, RawEvent, to_events
 
 
@@ -140,6 +140,11 @@ class Timeline:
     @cached_property
     def instances(self) -> dict[tuple[Any, ...], Instance]:
         return instances(self._by_rank)
+
+    @cached_property
+    def lane_of(self) -> Callable[[Any], int]:
+        """The rank (lane) of a rank of the default group as a call named it (a root, a peer)."""
+        return lanes_of(self._by_rank)
 
     @cached_property
     def clocks(self) -> Clocks:

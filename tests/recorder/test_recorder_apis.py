@@ -390,13 +390,13 @@ def test_a_hang_in_a_method_barrier_names_the_group_the_op_and_who_never_came(py
     result = run(
         pytester,
         """
-@pytest.mark.multirank(world_size=2, timeout=3)
+@pytest.mark.multirank(world_size=2, timeout=20)
 def test_hangs(rank):
     group = dist.new_group(backend="gloo")
     if rank == 0:
         group.monitored_barrier()
 
-@pytest.mark.multirank(world_size=2, timeout=3)
+@pytest.mark.multirank(world_size=2, timeout=20)
 def test_hangs_in_a_wait(rank):
     if rank == 0:
         work = dist.group.WORLD.allreduce([torch.ones(2)])
@@ -407,7 +407,7 @@ def test_hangs_in_a_wait(rank):
     result.stdout.fnmatch_lines(
         [
             "*_ test_hangs _*",
-            "hang: the ranks were stopped after * s, not at the 3 s limit: they wait for ranks that finished the test",
+            "hang: the ranks were stopped after * s, not at the 20 s limit: they wait for ranks that finished the test",
             "  rank 0: blocked in monitored_barrier #1 on group 1 (ranks 0,1) for *",
             "    ranks that never entered monitored_barrier #1: 1",
         ]
@@ -415,7 +415,7 @@ def test_hangs_in_a_wait(rank):
     result.stdout.fnmatch_lines(
         [
             "*_ test_hangs_in_a_wait _*",
-            "hang: the ranks were stopped after * s, not at the 3 s limit: they wait for ranks that finished the test",
+            "hang: the ranks were stopped after * s, not at the 20 s limit: they wait for ranks that finished the test",
             "  rank 0: blocked in the wait of all_reduce #1 on the default group for *",
             "    ranks that never entered all_reduce #1: 1",
         ]

@@ -338,3 +338,59 @@ def test_irecv(rank, recorder):
 """,
     )
     result.assert_outcomes(passed=1)
+
+
+def test_ranks_the_code_under_test_chose_itself_are_ordered_by_the_lane_they_ran_on(pytester) -> None:
+    """``init_process_group(rank=...)`` with ranks other than the launcher's: a root, a peer
+    and a sub-group's members are named by group rank; the timeline's lanes are the
+    launcher's. A broadcast's root was once taken for the other lane, and the order the
+    broadcast gives was proven backwards."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=3, init_process_group=False)
+def test_rotated(rank, recorder):
+    dist.init_process_group("gloo", rank=(rank + 1) % 3, world_size=3)
+    me = dist.get_rank()
+    lane_of = {(r + 1) % 3: r for r in range(3)}
+    recorder.mark(f"a{me}")
+    dist.broadcast(torch.ones(1), src=0)
+    recorder.mark(f"b{me}")
+    tl = recorder.timeline()
+    root, other = lane_of[0], lane_of[1]
+    tl.assert_happens_before(f"a0@{root}", f"b1@{other}")  # the root's past reaches the others
+    refused(tl, f"a1@{other}", f"b0@{root}")  # and never the other way
+    # a sub-group of group ranks 1 and 2: only its members are ordered by its collectives
+    sub = dist.new_group([1, 2])
+    recorder.mark(f"c{me}")
+    if me in (1, 2):
+        dist.all_reduce(torch.ones(1), group=sub)
+    recorder.mark(f"d{me}")
+    # a send from group rank 2 to group rank 0
+    if me == 2:
+        dist.send(torch.ones(1), dst=0)
+    elif me == 0:
+        dist.recv(torch.ones(1), src=2)
+    recorder.mark(f"e{me}")
+    tl = recorder.timeline()
+    tl.assert_happens_before(f"c1@{lane_of[1]}", f"d2@{lane_of[2]}")
+    refused(tl, f"c0@{lane_of[0]}", f"d1@{lane_of[1]}")
+    tl.assert_happens_before(f"d2@{lane_of[2]}", f"e0@{lane_of[0]}")
+    refused(tl, f"d0@{lane_of[0]}", f"e2@{lane_of[2]}")
+
+
+@pytest.mark.multirank(world_size=2, init_process_group=False, timeout=60)
+def test_rotated_stall(rank):
+    dist.init_process_group("gloo", rank=1 - rank, world_size=2)
+    if dist.get_rank() == 0:
+        dist.recv(torch.ones(1), src=1)  # group rank 1 leaves without sending
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    # group rank 0 is lane 1: it waits for lane 0, which finished
+    result.stdout.fnmatch_lines(
+        [
+            "*rank 0 finished the test without a send to rank 1; rank 1 waits in recv from rank 0",
+            "*rank 1: blocked in recv (peer 0) for*",
+        ]
+    )

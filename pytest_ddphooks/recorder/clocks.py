@@ -146,9 +146,17 @@ def op_of(e: Event) -> str:
     return str(e.info.get("op", e.name.removeprefix("dist.")))
 
 
-def _pair(found: dict[tuple[Any, ...], Instance], group: Any, src: int, dst: int, tag: int, seq: int) -> Instance:
-    """The send/recv instance of the seq-th message from src to dst with this tag."""
-    key = ("p", group, src, dst, tag, seq)
+def _pair(
+    found: dict[tuple[Any, ...], Instance],
+    lane: Callable[[Any], int],
+    call: Mapping[str, Any],
+    src_seq: Mapping[str, Any],
+) -> Instance:
+    """The send/recv instance of the seq-th message from src to dst with this tag: the group,
+    the destination and the tag as ``call`` names them, the source and its message number as
+    ``src_seq`` does (a receive learns them as it returns); ranks taken to their lanes."""
+    group, src, dst = call["group"], lane(src_seq["src"]), lane(call["dst"])
+    key = ("p", group, src, dst, call.get("tag", 0), src_seq["seq"])
     inst = found.get(key)
     if inst is None:
         inst = found[key] = Instance(key, "send/recv", collectives.RECV, str(group), (src, dst))
@@ -197,14 +205,7 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                     inst.starts[rank] = e
                     of_call[e.call_id] = inst
                 elif e.kind == events.P2P and e.info.get("sync") == collectives.SEND and e.info.get("seq"):
-                    inst = _pair(
-                        found,
-                        e.info["group"],
-                        lane(e.info["src"]),
-                        lane(e.info["dst"]),
-                        e.info.get("tag", 0),
-                        e.info["seq"],
-                    )
+                    inst = _pair(found, lane, e.info, e.info)
                     inst.starts[rank] = e
                     of_call[e.call_id] = inst
             else:
@@ -224,20 +225,10 @@ def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], I
                     elif found_inst is not None:
                         found_inst.ends[rank] = e
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.SEND and start.info.get("seq"):
-                    info = start.info
-                    sent = _pair(
-                        found, info["group"], lane(info["src"]), lane(info["dst"]), info.get("tag", 0), info["seq"]
-                    )
+                    sent = _pair(found, lane, start.info, start.info)
                     sent.ends[rank] = e  # an isend never waited is named, as an irecv is
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq"):
-                    inst = _pair(
-                        found,
-                        start.info["group"],
-                        lane(e.info["src"]),
-                        lane(start.info["dst"]),
-                        start.info.get("tag", 0),
-                        e.info["seq"],
-                    )
+                    inst = _pair(found, lane, start.info, e.info)
                     inst.ends[rank] = e
                     of_call[e.call_id] = inst
     return found

@@ -397,10 +397,15 @@ def test_hangs(rank):
         group.monitored_barrier()
 
 @pytest.mark.multirank(world_size=2, timeout=20)
-def test_hangs_in_a_wait(rank):
+def test_hangs_in_a_wait(rank, shared_tmp_path):
+    issued = shared_tmp_path / "issued"
     if rank == 0:
         work = dist.group.WORLD.allreduce([torch.ones(2)])
+        issued.touch()
         work.wait()
+    else:  # leaves once rank 0 is past the issue: what it waits in is then the wait
+        while not issued.exists():
+            time.sleep(0.01)
 """,
     )
     result.assert_outcomes(failed=2)

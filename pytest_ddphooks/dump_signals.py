@@ -42,6 +42,11 @@ def release(signum: int) -> None:
     """Give ``signum`` back its default action where the harness took it for dumps and the
     code under test set no handler of its own (an injected kill with that signal must kill)."""
     if int(signum) in _arming and signal.getsignal(signum) in (signal.SIG_DFL, None):
+        if int(signum) in CRASH_SIGNALS:  # armed all at once by enable(): released the same way
+            for crash in CRASH_SIGNALS:
+                _arming.pop(int(crash), None)
+            faulthandler.disable()
+            return
         del _arming[int(signum)]
         faulthandler.unregister(signum)
 

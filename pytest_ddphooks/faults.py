@@ -12,8 +12,10 @@ A rank with nothing armed pays one attribute check per event.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import resource
 import signal as signals
 import time
 from collections.abc import Sequence
@@ -123,7 +125,8 @@ def _ranks(rank: Any, world_size: int) -> tuple[int, ...]:
 def _signal(value: Any) -> int:
     if isinstance(value, str):
         try:
-            return int(signals.Signals[value if value.startswith("SIG") else "SIG" + value])
+            name = value.strip().upper()
+            return int(signals.Signals[name if name.startswith("SIG") else "SIG" + name])
         except KeyError:
             raise FaultError(f"signal={value!r}: not a signal name (e.g. 'SIGKILL', 'SIGTERM')") from None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -164,6 +167,8 @@ class FaultTrigger:
         self.log.write_watch_only(events.FIRED, info)
         if fault.action == KILL:
             dump_signals.release(fault.signal)  # SIGUSR1 dumps stacks here, unless the test kills with it
+            with contextlib.suppress(Exception):  # a simulated crash leaves no core file behind
+                resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
             os.kill(os.getpid(), fault.signal)
             time.sleep(1.0)  # a signal that does not end at once still ends the process soon
         elif fault.action == STOP:

@@ -195,7 +195,7 @@ def _unseen_wait(timeline: Timeline, rank: int) -> Span | None:
     """The collective native code issued, or whose completion was handed to a future, last on
     the main thread, when nothing was recorded there after it: it is most likely being waited
     for out of sight (in C++, by DDP's reducer)."""
-    main = [e for e in timeline.for_rank(rank) if e.lane == 0]
+    main = [e for e in timeline.events_of(rank) if e.lane == 0]
     if not main or main[-1].kind not in (events.COLLECTIVE, events.WAIT) or main[-1].phase != events.END:
         return None
     last = main[-1]
@@ -297,7 +297,7 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     )
     last = ""
     if state == "frozen" and timeline is not None:
-        seen = timeline.for_rank(rank)
+        seen = timeline.events_of(rank)
         last = seen[-1].describe() if seen else "nothing recorded"
     return RankState(
         rank,
@@ -320,7 +320,7 @@ def _event_of(report: RunReport, rank: int, info: dict[str, object]) -> int | No
     """The index of the event an injected fault acted at."""
     if report.timeline is None:
         return None
-    for e in report.timeline.for_rank(rank):
+    for e in report.timeline.events_of(rank):
         if e.call_id == info.get("call_id") and e.phase == info.get("phase"):
             return e.index
     return None
@@ -345,7 +345,7 @@ def injection_words(report: RunReport, rank: int) -> str:
 def _calls_of(report: RunReport, rank: int, at: str) -> str:
     """How often the rank reached what a point counts: ``rank 1 made 1 all_reduce call``."""
     point = parse_point(at)
-    found = report.timeline.for_rank(rank) if report.timeline is not None else []
+    found = report.timeline.events_of(rank) if report.timeline is not None else []
     n = sum(1 for e in found if point.matches(e.kind, e.phase, e.name))
     if point.name.startswith("dist.") and point.phase == "start":
         op = point.name.removeprefix("dist.")

@@ -46,6 +46,7 @@ class Recorder(EventLog):
         self._exchanges = 0
         self._undo: list[Undo] = []
         self._active = False
+        self._closed = False
         self._native = NativeCalls()
         self._native_lock = threading.Lock()
 
@@ -58,6 +59,13 @@ class Recorder(EventLog):
         names, every public method the class itself defines is wrapped. Events are named
         after the method, or ``prefix.method``.
         """
+        self._open("instrument")
+        for name in names:
+            if not isinstance(name, str):
+                raise TypeError(
+                    f"instrument() takes the names of methods one by one, as strings: got {type(name).__name__} "
+                    f"{name!r} (write instrument(target, 'a', 'b'), or instrument(target, *names))"
+                )
         owner = target if isinstance(target, type) else type(target)
         if not names:
             names = public_methods(owner)
@@ -69,8 +77,21 @@ class Recorder(EventLog):
 
     def instrument_barrier(self, target: T, name: str, *, as_name: str | None = None) -> T:
         """Wrap a framework-level barrier method; one that issues no collective is a no-op."""
+        self._open("instrument_barrier")
         self._wrap(target, name, events.BARRIER, as_name or name)
         return target
+
+    def mark(self, name: str, /, **info: Any) -> None:
+        """Record a point event ``name`` with optional details."""
+        self._open("mark")
+        super().mark(name, **info)
+
+    def _open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(
+                f"{what}(): this Recorder was closed (every method it wrapped was put back); "
+                "a closed Recorder records nothing more: use a new one"
+            )
 
     def _wrap(self, target: Any, name: str, kind: str, event_name: str) -> None:
         undo = wrap(self, target, name, kind, event_name)
@@ -81,6 +102,7 @@ class Recorder(EventLog):
 
     def activate(self) -> Recorder:
         """Make this the recorder torch.distributed calls are recorded into."""
+        self._open("activate")
         distpatch.install()
         if not self._active:
             active.activate(self)
@@ -89,6 +111,7 @@ class Recorder(EventLog):
 
     def close(self) -> None:
         """Undo every instrumentation and stop recording torch.distributed calls."""
+        self._closed = True
         while self._undo:
             self._undo.pop()()
         if self._active:

@@ -178,6 +178,9 @@ def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int | None
     """One text lane per rank; a collective every member completed sits on one row. Lanes
     are ``width`` wide; by default as wide as their longest cell, within what a terminal
     holds for that many ranks (30 to 60 characters: 8 ranks get 30), cells cut beyond."""
+    for arg, value, least in (("max_rows", max_rows, 1), ("width", width, 8)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+            raise ValueError(f"swimlanes({arg}={value!r}): {arg} is an int of at least {least}, or None")
     if not timeline.ranks:
         return "(no events recorded)"
     grid = _layout(timeline)

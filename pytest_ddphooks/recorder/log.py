@@ -221,7 +221,7 @@ class EventLog:
     ) -> None:
         self._emit(kind, END, name, info, call_id, static)
 
-    def mark(self, name: str, **info: Any) -> None:
+    def mark(self, name: str, /, **info: Any) -> None:
         """Record a point event ``name`` with optional details."""
         self._emit(events.MARK, events.POINT, str(name), _plain(info) if info else None, next(self._ids))
 

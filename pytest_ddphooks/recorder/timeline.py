@@ -105,6 +105,11 @@ def _where(ranks: tuple[int, ...] | None) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
 
 
+def _rank_argument(method: str, rank: object) -> None:
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise TypeError(f"{method}: a rank is an int, got {type(rank).__name__} {rank!r}")
+
+
 class Timeline:
     """Every rank's events, with happens-before established through synchronisation."""
 
@@ -134,8 +139,15 @@ class Timeline:
     def ranks(self) -> list[int]:
         return list(self._by_rank)
 
-    def for_rank(self, rank: int) -> list[Event]:
+    def events_of(self, rank: int) -> list[Event]:
+        """The events of ``rank``; none for a rank the timeline does not have."""
         return list(self._by_rank.get(rank, []))
+
+    def for_rank(self, rank: int) -> list[Event]:
+        _rank_argument("for_rank", rank)
+        if rank not in self._by_rank:
+            raise ValueError(f"for_rank({rank}): no rank {rank} in this timeline (it has {_where(tuple(self.ranks))})")
+        return list(self._by_rank[rank])
 
     @cached_property
     def instances(self) -> dict[tuple[Any, ...], Instance]:
@@ -458,6 +470,8 @@ class Timeline:
         for n in names:
             if not isinstance(n, str):
                 raise TypeError(f"assert_order takes event names (str), got {type(n).__name__} {n!r}")
+        if rank is not None:
+            _rank_argument("assert_order", rank)
         if rank is not None and rank not in self._by_rank:
             self._fail(
                 f"order {' -> '.join(names)}: no rank {rank} in this timeline (it has {_where(tuple(self.ranks))})"

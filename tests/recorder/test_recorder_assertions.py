@@ -427,3 +427,42 @@ def test_a_collective_entered_in_the_same_hook_is_not_pointed_out() -> None:
     for h in handles.values():
         sim.cend(h)
     assert sim.timeline().entered_in_different_hooks() is None
+
+
+def test_a_rank_argument_must_be_a_rank_of_the_timeline() -> None:
+    sim = Sim(2)
+    for rank, name in enumerate("ab"):
+        sim.mark(rank, name)
+    tl = sim.timeline()
+    with pytest.raises(TypeError, match=r"assert_order: a rank is an int, got str '0'"):
+        tl.assert_order(["a"], rank="0")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"for_rank: a rank is an int, got str '1'"):
+        tl.for_rank("1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"for_rank\(7\): no rank 7 in this timeline \(it has ranks 0,1\)"):
+        tl.for_rank(7)
+    assert [e.name for e in tl.for_rank(1)] == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"max_rows": 0}, "max_rows=0"),
+        ({"max_rows": -1}, "max_rows=-1"),
+        ({"width": 0}, "width=0"),
+        ({"width": -5}, "width=-5"),
+        ({"width": "wide"}, "width='wide'"),
+    ],
+)
+def test_swimlanes_refuse_sizes_that_draw_nothing(arguments: dict, message: str) -> None:
+    sim = Sim(2)
+    sim.mark(0, "a")
+    with pytest.raises(ValueError, match=rf"swimlanes\({message}\): .* is an int of at least \d+, or None"):
+        sim.timeline().swimlanes(**arguments)
+
+
+def test_swimlanes_keep_the_last_rows_they_are_given() -> None:
+    sim = Sim(1)
+    for name in ("one", "two", "three"):
+        sim.mark(0, name)
+    lanes = sim.timeline().swimlanes(max_rows=1).splitlines()
+    assert lanes[2:] == ["... 2 rows not shown ...", "* three"]

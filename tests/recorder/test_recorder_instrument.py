@@ -455,3 +455,35 @@ def test_recorders_closed_out_of_order_leave_nothing_behind(first: str) -> None:
     inner.close()
     assert Steps.scale is original and "scale" not in vars(steps)
     assert [e.name for e in inner.events if e.phase == "start"] == ["inner.scale", "inner.scale"]
+
+
+def test_a_closed_recorder_refuses_to_record_and_leaves_nothing_patched() -> None:
+    class Model:
+        def step(self) -> int:
+            return 1
+
+    original = Model.__dict__["step"]
+    rec = Recorder()
+    with rec:
+        Model().step()
+    for attempt in (lambda: rec.instrument(Model, "step"), lambda: rec.instrument_barrier(Model, "step")):
+        with pytest.raises(RuntimeError, match=r"this Recorder was closed .*: use a new one"):
+            attempt()
+    with pytest.raises(RuntimeError, match=r"mark\(\): this Recorder was closed"):
+        rec.mark("late")
+    with pytest.raises(RuntimeError, match=r"activate\(\): this Recorder was closed"):
+        rec.activate()
+    assert Model.__dict__["step"] is original
+
+
+def test_names_are_given_one_by_one_and_a_mark_may_carry_any_detail() -> None:
+    class Model:
+        def step(self) -> int:
+            return 1
+
+    with Recorder() as rec:
+        with pytest.raises(TypeError, match=r"instrument\(\) takes the names of methods one by one, as strings"):
+            rec.instrument(Model, ["step"])  # type: ignore[arg-type]
+        rec.mark("epoch", name="first", n=1)
+        [mark] = [e for e in rec.events if e.kind == "mark"]
+        assert (mark.name, mark.info) == ("epoch", {"name": "first", "n": 1})

@@ -91,6 +91,7 @@ class RunFailure:
     limit: float
     duration: float
     culprits: list[int]  # the ranks at the root of it
+    held_allowance: float = 0.0  # seconds a schedule's holds were given beyond the limit
     mismatches: list[Mismatch] = field(default_factory=list)
     paired_across_hooks: str | None = None  # a collective entered in different hooks, maybe mispaired
     failures: list[RankFailure] = field(default_factory=list)
@@ -491,6 +492,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
         world_size=n,
         limit=report.limit,
         duration=report.duration,
+        held_allowance=report.held_allowance,
         culprits=culprits,
         mismatches=mismatches,
         paired_across_hooks=(
@@ -695,6 +697,8 @@ def _hang_lines(f: RunFailure) -> list[str]:
         head = [early + f" {ranks_words(f.deadlock)} wait for each other in different collectives (a deadlock)"]
     else:
         head = [f"hang: the test did not finish within {f.limit:g} s ({f.world_size} ranks)"]
+        if f.held_allowance:
+            head[0] += f", nor in the {f.held_allowance:.1f} s more given to the schedule's holds"
     if f.after_fault and not f.stall and not f.desynced and not f.deadlock:
         head[0] += f", after {f.after_fault}"
     for rank in sorted(f.ranks):

@@ -100,6 +100,7 @@ class Stall:
 class RunReport:
     world_size: int
     limit: float  # the run's time limit, in seconds
+    held_allowance: float = 0.0  # seconds added to it for a schedule's holds
     results: dict[int, RankResult] = field(default_factory=dict)
     exits: dict[int, RankExit] = field(default_factory=dict)
     stopped: dict[int, str] = field(default_factory=dict)  # rank -> why the harness stopped it

@@ -31,7 +31,7 @@ import hashlib
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,11 +260,21 @@ class ScheduleHook:
 def held_seconds(held: Mapping[int, Sequence[Mapping[str, Any]]]) -> float:
     """About how much a run's holds delayed it: per segment the longest hold of any rank (the
     others wait for it at the next collective), summed over the segments."""
+    return _longest_per_segment(
+        (int(info.get("segment", 0)), float(info.get("seconds", 0.0))) for infos in held.values() for info in infos
+    )
+
+
+def planned_seconds(planned: Mapping[int, Sequence[Hold]]) -> float:
+    """About how much a schedule's holds will delay a run, counted as ``held_seconds`` counts
+    them: the time its limit is extended by, so that no hold is taken for a hang."""
+    return _longest_per_segment((h.segment, h.seconds) for own in planned.values() for h in own)
+
+
+def _longest_per_segment(holds: Iterable[tuple[int, float]]) -> float:
     longest: dict[int, float] = {}
-    for infos in held.values():
-        for info in infos:
-            k = int(info.get("segment", 0))
-            longest[k] = max(longest.get(k, 0.0), float(info.get("seconds", 0.0)))
+    for k, seconds in holds:
+        longest[k] = max(longest.get(k, 0.0), seconds)
     return sum(longest.values())
 
 

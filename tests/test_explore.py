@@ -107,6 +107,27 @@ def test_a_correct_test_passes_every_schedule_from_its_own_start(inner) -> None:
     ran.no_lines("*desync*")
 
 
+def test_the_time_a_schedule_holds_the_ranks_is_not_the_tests_own(inner) -> None:
+    """A correct test well within its limit, whose schedules' holds alone would pass it: no
+    schedule fails it as a hang (each run's limit grows by what its holds may take)."""
+    ran = inner(
+        """
+import time
+import pytest
+import torch.distributed as dist
+
+@pytest.mark.multirank(world_size=2, timeout=2.0, explore=3)
+def test_steps(rank):
+    for _ in range(8):
+        time.sleep(0.08)  # a step's work
+        dist.barrier()
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=1)
+    ran.lines("passed under all 3 schedules explored (seeds 0x*")
+
+
 def test_exploration_is_off_by_default_and_runs_nothing_more(inner) -> None:
     ran = inner(FIXED, "-rA")
     ran.result.assert_outcomes(passed=1)
@@ -124,6 +145,7 @@ def test_bad_exploration_input_is_named(inner) -> None:
         ("--ddp-explore=abc", "ERROR: --ddp-explore=abc: the number of schedules is an int from 0 to 10000"),
         ("--ddp-explore=-1", "ERROR: --ddp-explore=-1: the number of schedules is an int from 0 to 10000"),
         ("--ddp-schedule=zz", "ERROR: --ddp-schedule=zz: 'zz' is not a seed (an int, e.g. 0x5eed1234)"),
+        ("--ddp-schedule=", "ERROR: --ddp-schedule=: give the seed of the schedule to replay (an int, e.g. 0x5*)"),
     ):
         ran = inner(FIXED, flag)
         assert ran.result.ret == 4, ran.text

@@ -32,6 +32,7 @@ from ..recorder import events
 from ..recorder.events import EventReader, RawEvent
 from ..recorder.timeline import Timeline
 from ..report import RankExit, RankResult, RunReport, Stall
+from ..schedule import planned_seconds
 from ..stacks import dump_stacks
 from . import procs, protocol
 from .job import Job
@@ -111,7 +112,9 @@ class RunWatch:
         self.pids, self.report.prepared = self.launcher.spawn(self.job)
         for tail in self._tails:
             tail.start()
-        self._deadline = self._started + self.job.timeout
+        if self.job.holds:  # a schedule's holds are the harness's, not the test's time
+            self.report.held_allowance = planned_seconds(self.job.holds)
+        self._deadline = self._started + self.job.timeout + self.report.held_allowance
         self._next_poll = self._started + self.poll
 
     # -- following the run ---------------------------------------------------------------

@@ -155,6 +155,8 @@ def _explore(config: pytest.Config) -> int:
 
 def _schedule(config: pytest.Config) -> int | None:
     raw, where = _value(config, "ddp_schedule")
+    if config.getoption("ddp_schedule") is not None and not str(raw).strip():
+        raise pytest.UsageError(f"{where}: give the seed of the schedule to replay (an int, e.g. 0x5eed1234)")
     if raw in (None, ""):
         return None
     try:

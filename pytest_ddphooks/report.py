@@ -37,6 +37,7 @@ class RankResult:
     ended_ns: int = 0  # when the body and its fixtures ended (time_ns); 0: not known
     properties: list[tuple[str, Any]] = field(default_factory=list)  # record_property and user_properties
     suite_properties: list[tuple[str, Any]] = field(default_factory=list)  # record_testsuite_property
+    xml_attributes: list[tuple[str, str]] = field(default_factory=list)  # record_xml_attribute
     error_class: bytes | None = None  # the failure's exception class, pickled (xfail(raises=...) reads it)
     exit_request: tuple[str, int | None] | None = None  # pytest.exit(msg, returncode) in the rank
 

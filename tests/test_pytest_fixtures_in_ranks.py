@@ -224,11 +224,12 @@ def test_properties_the_ranks_record_reach_the_junit_report(inner, pytester) -> 
         import pytest
 
         @pytest.mark.multirank(world_size=2)
-        def test_props(rank, record_property, record_testsuite_property, request):
+        def test_props(rank, record_property, record_testsuite_property, record_xml_attribute, request):
             record_property("loss", 0.5 + rank)
             record_property("backend", "gloo")  # the same on both ranks: once
             request.node.user_properties.append((f"seen_by_{rank}", True))
             record_testsuite_property("torch", "2.13")
+            record_xml_attribute(f"rank{rank}", "here")
         """,
         "--junitxml=out.xml",
         "-o",
@@ -248,6 +249,37 @@ def test_properties_the_ranks_record_reach_the_junit_report(inner, pytester) -> 
     ]
     suite = [(p.get("name"), p.get("value")) for p in root.find(".//testsuite/properties")]
     assert suite == [("torch", "2.13")]
+    assert (case.get("rank0"), case.get("rank1")) == ("here", "here")
+
+
+def test_pytests_own_session_fixtures_work_in_ranks_and_subtests_is_refused_with_the_reason(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_config_and_cache(rank, pytestconfig, cache):
+            assert pytestconfig.getoption("ddp_leaks") in (None, "fail")
+            cache.set(f"ddp/{rank}", rank)
+            assert cache.get(f"ddp/{rank}", None) == rank
+
+        @pytest.mark.multirank(world_size=2)
+        def test_xml_attribute_without_junit(rank, record_xml_attribute):
+            record_xml_attribute("rank", str(rank))
+
+        @pytest.mark.multirank(world_size=2)
+        def test_subtests(rank, subtests):
+            with subtests.test(msg="one"):
+                pass
+        """,
+        "-p",
+        "cacheprovider",
+    )
+    ran.result.assert_outcomes(passed=2, failed=1)
+    ran.lines(
+        "fixture 'subtests' cannot work in a multirank test: a sub-test reports its own outcome to the session, and a"
+        " rank's reports would be lost or made once per rank; use parametrize, or assert per rank in the body"
+    )
 
 
 def test_ranks_are_seeded_as_pytest_randomly_seeds_the_session(pytester) -> None:

@@ -88,6 +88,10 @@ def _relay_properties(item: pytest.Item, report: RunReport) -> None:
             for name, value in result.suite_properties:
                 if (name, str(value)) not in xml.global_properties:
                     xml.add_global_property(name, value)
+            if result.xml_attributes:
+                reporter = xml.node_reporter(item.nodeid)
+                for name, value in result.xml_attributes:
+                    reporter.add_attribute(name, value)
 
 
 class MultirankHooks:

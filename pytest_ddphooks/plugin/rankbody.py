@@ -112,6 +112,9 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     # what the body recorded for the junit report (record_property, record_testsuite_property)
     result.properties = [_sendable(p) for p in item.user_properties[had[0] :]]
     result.suite_properties = [_sendable(p) for p in xml.global_properties[had[1] :]] if xml is not None else []
+    if xml is not None:  # nothing else sets this process's copy of the test's attributes
+        with contextlib.suppress(Exception):
+            result.xml_attributes = [(str(k), str(v)) for k, v in xml.node_reporter(item.nodeid).attrs.items()]
     result.warnings = warning_relay.unique(log.caught)
     result.sections = [
         (when, key, text) for when, key, text in getattr(item, "_report_sections", []) if key == "log" and text

@@ -38,14 +38,17 @@ RANK_LOCAL = frozenset(
         "recwarn",
         "record_property",  # what they record travels back with the rank's result
         "record_testsuite_property",
+        "record_xml_attribute",
+        "pytestconfig",  # the rank has the session's config and cache: nothing to send
+        "cache",
     }
 )
 RANK_RESOLVED = RANK_LOCAL | {"request"}
 
 
 class FixtureNotSendable(Exception):
-    def __init__(self, name: str, reason: str, what: str = "fixture") -> None:
-        super().__init__(f"{what} {name!r} cannot be sent to the ranks: {reason}")
+    def __init__(self, name: str, reason: str, what: str = "fixture", cannot: str = "be sent to the ranks") -> None:
+        super().__init__(f"{what} {name!r} cannot {cannot}: {reason}")
         self.name = name
         self.reason = reason
 
@@ -151,9 +154,20 @@ def _no_trace(*args: Any) -> None:
     pass
 
 
+# fixtures that cannot serve a multirank body, wherever they are evaluated, and why
+CANNOT_WORK_IN_RANKS = {
+    "subtests": (
+        "a sub-test reports its own outcome to the session, and a rank's reports would be lost or "
+        "made once per rank; use parametrize, or assert per rank in the body"
+    ),
+}
+
+
 def pickle_values(item: pytest.Function, names: list[str]) -> dict[str, bytes]:
     out = {}
     for name in names:
+        if name in CANNOT_WORK_IN_RANKS and name in item.funcargs:
+            raise FixtureNotSendable(name, CANNOT_WORK_IN_RANKS[name], cannot="work in a multirank test")
         if name not in item.funcargs:
             continue
         try:

@@ -319,3 +319,27 @@ def test_ranks_are_seeded_as_pytest_randomly_seeds_the_session(pytester) -> None
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
+
+
+def test_a_fixture_of_any_scope_may_use_rank_and_world_size_in_multirank_and_plain_tests(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture(scope="session")
+        def shard(rank, world_size):
+            return (rank, world_size)
+
+        @pytest.mark.multirank(world_size=[1, 2])
+        def test_sizes(rank, world_size, shard):
+            assert shard == (rank, world_size)
+
+        @pytest.mark.multirank(world_size=3)
+        def test_three(shard, rank):
+            assert shard == (rank, 3)
+
+        def test_plain(shard, rank, world_size):
+            assert shard == (rank, world_size) == (0, 1)
+        """
+    )
+    ran.result.assert_outcomes(passed=4)

@@ -16,18 +16,17 @@ from .markers import RUN_KEY
 from .spmd import SpmdHooks
 
 
-@pytest.fixture
+# session-scoped: constant in a process (a fixture of any scope may use them); in the ranks the
+# plugin launches, each test's own values are given in the rank (see rankfixtures.RANK_LOCAL)
+@pytest.fixture(scope="session")
 def rank() -> int:
     """This process's global rank (0 outside a multirank test)."""
     return int(os.environ.get("RANK", 0))
 
 
-@pytest.fixture
-def world_size(request: pytest.FixtureRequest) -> int:
+@pytest.fixture(scope="session")
+def world_size() -> int:
     """The number of ranks of the test (1 outside a multirank test)."""
-    run = request.node.stash.get(RUN_KEY, None)
-    if run is not None:
-        return run.world_size
     return int(os.environ.get("WORLD_SIZE", 1))
 
 

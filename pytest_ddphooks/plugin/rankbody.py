@@ -185,6 +185,7 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
     node_dir = payload.node_dirs[ctx.node_rank] if payload.node_dirs else None
     builtins: dict[str, Any] = {
         "rank": ctx.rank,
+        "world_size": ctx.world_size,
         "recorder": ctx.recorder,
         "faults": Faults(ctx.rank, ctx.world_size, ctx.recorder, ctx.job.attempt),
         "restart_count": ctx.job.attempt,

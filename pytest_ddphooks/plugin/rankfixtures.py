@@ -24,6 +24,7 @@ from _pytest.tmpdir import TempPathFactory
 RANK_LOCAL = frozenset(
     {
         "rank",
+        "world_size",
         "recorder",
         "faults",
         "restart_count",

@@ -21,7 +21,11 @@ from .recorder.timeline import Mismatch, Span, Timeline
 from .report import RankExit, RankResult, RunReport
 from .stacks import Frame, Stacks, ThreadStack, fatal_error, format_stack, installed, user_frame
 
-_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed")
+# gloo's words for a peer gone, and the store's (``timeline()`` waits on the run's store)
+_PEER_GONE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed"
+    r"|Connection was likely closed"
+)
 
 _STUCK = ("blocked", "running", "frozen", "exchanging")
 # root causes, most telling first

@@ -67,6 +67,24 @@ def test_a_rank_that_failed_because_its_peer_went_away_is_a_consequence() -> Non
     assert "  rank 1: failed after rank 0, because its peer went away: RuntimeError: [pair.cc:553] Connection" in text
 
 
+def test_a_rank_whose_store_went_with_the_rank_serving_it_is_a_consequence() -> None:
+    """Rank 0 serves the run's store: ranks waiting in ``timeline()`` lose it when rank 0's
+    body fails and it leaves."""
+    gone = (
+        "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed."
+        " Did the remote server shutdown or crash?"
+    )
+    results = {0: _failed(0, "ValueError: rank 0 broke"), 1: _failed(1, gone), 2: _failed(2, gone)}
+    f = classify(_report(3, results=results, first_failure=0)).failure
+    assert f is not None and f.culprits == [0]
+    assert [(rf.rank, rf.how, rf.after) for rf in f.failures] == [
+        (0, "failed", None),
+        (1, "consequence", 0),
+        (2, "consequence", 0),
+    ]
+    assert render(f).text.splitlines()[0] == "multirank test failed on rank 0 of 3"
+
+
 def test_a_peers_end_noticed_after_the_rank_that_lost_it_reported_is_still_the_cause() -> None:
     gone = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:48798: Connection reset by peer"
     died = _report(results={0: _failed(0, gone)}, first_failure=0)  # rank 0's result came in first

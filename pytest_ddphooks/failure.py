@@ -819,7 +819,7 @@ def attempt_summary(report: RunReport, attempt: int) -> str:
         elif result is not None and result.outcome == "failed" and _consequence(report, rank, result):
             # as the verdict words it: its result is in, whether or not it was then stopped
             parts.append(f"rank {rank} failed after rank {_gone_peer(report, rank)}, because its peer went away")
-        elif result is not None and rank not in report.stopped:
+        elif result is not None:  # it finished the test: being stopped afterwards (to end the run) changes nothing
             parts.append(f"rank {rank} {result.outcome}")
         elif rank in report.stopped:
             why = report.stopped[rank]

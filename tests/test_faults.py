@@ -285,9 +285,21 @@ def test_dies_twice(rank, faults):
     faults.kill(rank=1, at="dist.all_reduce#1", attempt=0)
     faults.kill(rank=1, at="dist.all_reduce#1", attempt=1)
     dist.all_reduce(torch.ones(1))
+
+# rank 0 copes with the death and finishes every attempt: its line says so, as the verdict does
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=60)
+def test_copes(rank, faults):
+    faults.kill(rank=1, at="dist.all_reduce#1", attempt=0)
+    faults.kill(rank=1, at="dist.all_reduce#1", attempt=1)
+    if rank == 0:
+        with pytest.raises(RuntimeError):
+            dist.all_reduce(torch.ones(1))
+        assert False, "rank 0 finished"
+    dist.all_reduce(torch.ones(1))
 """
     )
-    ran.result.assert_outcomes(failed=1)
+    ran.result.assert_outcomes(failed=2)
+    ran.lines("attempt 1: rank 0 failed; rank 1 killed by the injected fault *", "*rank 0: failed: AssertionError: *")
     ran.lines(
         "attempt 0: rank 0 * after rank 1* rank 1 killed by the injected fault *",
         "attempt 1: *rank 1 killed by the injected fault kill(at='dist.all_reduce#1') at event #*",

@@ -388,10 +388,10 @@ def _unfired(report: RunReport) -> list[str]:
 
 
 def _finished_well(report: RunReport, rank: int) -> bool:
-    """The rank finished the test, and not by failing (a failure before the fault's point,
-    or the FaultError of arming it late, is the story then)."""
+    """The rank ran the test to its end (a failure before the fault's point, the FaultError of
+    arming it late, or a skip is the story then)."""
     result = report.results.get(rank)
-    return result is not None and result.outcome != "failed"
+    return result is not None and result.outcome == "passed"
 
 
 def _armed_elsewhere(report: RunReport) -> list[str]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import marshal
 import threading
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import active, distpatch, events, warnsite
-from .instrument import Undo, public_methods, wrap
+from .instrument import Undo, public_functions, public_methods, wrap
 from .log import EventLog
 from .native import NativeCalls
 from .timeline import Timeline
@@ -56,7 +57,8 @@ class Recorder(EventLog):
         """Record a ``start`` and an ``end`` event for each call of the named methods.
 
         ``target`` is an object (only it is affected) or a class (every instance is). With no
-        names, every public method the class itself defines is wrapped. Events are named
+        names, every public method the class itself defines is wrapped (for a module, every public
+        function it defines). Events are named
         after the method, or ``prefix.method``.
         """
         self._open("instrument")
@@ -67,7 +69,11 @@ class Recorder(EventLog):
                     f"{name!r} (write instrument(target, 'a', 'b'), or instrument(target, *names))"
                 )
         owner = target if isinstance(target, type) else type(target)
-        if not names:
+        if not names and isinstance(target, types.ModuleType):
+            names = public_functions(target)
+            if not names:
+                raise ValueError(f"module {target.__name__} defines no public function to instrument")
+        elif not names:
             names = public_methods(owner)
             if not names:
                 raise ValueError(f"{owner.__qualname__} defines no public method to instrument")

@@ -14,6 +14,7 @@ import copy
 import functools
 import inspect
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,15 @@ warnsite.skip_frames_of(__file__)  # a warning inside a wrapper names its caller
 def group_exists() -> bool:
     dist = sys.modules.get("torch.distributed")
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def public_functions(module: types.ModuleType) -> tuple[str, ...]:
+    """Every public function a module itself defines (not those it imported)."""
+    return tuple(
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_") and inspect.isfunction(v) and v.__module__ == module.__name__
+    )
 
 
 def public_methods(owner: type) -> tuple[str, ...]:

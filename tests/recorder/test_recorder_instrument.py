@@ -487,3 +487,22 @@ def test_names_are_given_one_by_one_and_a_mark_may_carry_any_detail() -> None:
         rec.mark("epoch", name="first", n=1)
         [mark] = [e for e in rec.events if e.kind == "mark"]
         assert (mark.name, mark.info) == ("epoch", {"name": "first", "n": 1})
+
+
+def test_a_module_with_no_names_has_each_public_function_it_defines_instrumented(tmp_path, monkeypatch) -> None:
+    (tmp_path / "steps_mod.py").write_text(
+        "from os.path import join\n\ndef load():\n    return 1\n\ndef train():\n    return load() + 1\n\n"
+        "def _helper():\n    return 0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import steps_mod
+
+    with Recorder() as rec:
+        rec.instrument(steps_mod)
+        assert steps_mod.train() == 2
+        assert steps_mod.join("a", "b") == "a/b"  # imported, not its own: untouched
+        names = [(e.name, e.phase) for e in rec.events]
+    assert names == [("train", "start"), ("load", "start"), ("load", "end"), ("train", "end")]
+    empty = type(steps_mod)("empty_mod")
+    with Recorder() as rec, pytest.raises(ValueError, match="module empty_mod defines no public function"):
+        rec.instrument(empty)

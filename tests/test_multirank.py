@@ -351,11 +351,16 @@ def test_nccl_is_skipped_without_enough_gpus(inner) -> None:
         @pytest.mark.multirank(world_size=2, backend="nccl")
         def test_gpu(rank):
             raise AssertionError("must not run")
+
+        @pytest.mark.multirank(world_size=1, backend="nccl")
+        def test_one_gpu(rank):
+            raise AssertionError("must not run")
         """,
         "-rs",
     )
-    ran.result.assert_outcomes(skipped=1)
+    ran.result.assert_outcomes(skipped=2)
     ran.lines("SKIPPED [1] test_inner.py:3: multirank(backend='nccl') needs 2 GPUs, 0 visible")
+    ran.lines("SKIPPED [1] test_inner.py:7: multirank(backend='nccl') needs 1 GPU, 0 visible")
 
 
 def test_world_size_one_is_a_real_single_rank_group(inner) -> None:

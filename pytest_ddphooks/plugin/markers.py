@@ -194,3 +194,8 @@ def _parameter_clash(item: pytest.Item, spec: MultirankSpec, callspec: object) -
             " (world_size=2), one pytest.param per size"
         )
     return None
+
+
+def gpus(n: int) -> str:
+    """``1 GPU``, ``2 GPUs``: what an nccl test needs, in words."""
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"

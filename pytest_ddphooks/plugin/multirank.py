@@ -37,7 +37,7 @@ from . import rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
 from .livelog import live_log_sink
-from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, is_special
+from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, gpus, is_special
 from .notices import warn_at
 from .reports import (
     DebuggedMultirankFailed,
@@ -184,7 +184,7 @@ class MultirankHooks:
         if visible < run.world_size:
             # reported at the test, as a skip marker's is (-rs names its file and line)
             raise Skipped(
-                f"multirank(backend='nccl') needs {run.world_size} GPUs, {visible} visible", _use_item_location=True
+                f"multirank(backend='nccl') needs {gpus(run.world_size)}, {visible} visible", _use_item_location=True
             )
 
     def _start(self, item: pytest.Function, run: MultirankRun) -> None:

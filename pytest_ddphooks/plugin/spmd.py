@@ -47,7 +47,7 @@ from ..spmd import (
 )
 from ..stacks import format_stack, parse_stacks, user_frame
 from . import page
-from .markers import RUN_KEY
+from .markers import RUN_KEY, gpus
 from .rankbody import outcome_of
 from .reports import fail_with, keep_artifacts, raise_verdict, write_trace
 from .session import DdpSession
@@ -161,7 +161,7 @@ class SpmdHooks:
         # every rank decides alike (the same test, the same machine kind): none waits for another
         visible = torch.cuda.device_count()
         if visible < self.local_world_size:
-            reason = f"multirank(backend='nccl') needs {self.local_world_size} GPUs per node, {visible} visible"
+            reason = f"multirank(backend='nccl') needs {gpus(self.local_world_size)} per node, {visible} visible"
         else:
             reason = "multirank(backend='nccl') under torchrun: the session's group is gloo; run it without torchrun"
         raise Skipped(reason, _use_item_location=True)

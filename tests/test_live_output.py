@@ -61,6 +61,7 @@ def test_rank_lines_reach_the_terminal_while_the_test_runs(pytester: pytest.Pyte
         assert f"[rank {rank}] after the go" in text
 
 
+LIVE_LOG = ("-o", "log_cli=true", "--log-cli-level=INFO")  # pytest's live logging on, from INFO
 LOGS_THEN_WAITS = WAITS_FOR_THE_READER.replace(
     'print(f"ready on {rank}", flush=True)', 'logging.getLogger("app").info("ready on %d", rank)'
 ).replace("import os\n", "import logging\nimport os\n", 1)
@@ -72,7 +73,7 @@ def test_live_logging_shows_rank_records_while_the_test_runs(pytester: pytest.Py
     pytester.makepyfile(test_live=LOGS_THEN_WAITS)
     code, text = _run_until_seen(
         pytester,
-        ["-o", "log_cli=true", "--log-cli-level=INFO", "test_live.py"],
+        [*LIVE_LOG, "test_live.py"],
         [b"[rank 0] INFO     app:test_live.py:", b"[rank 1] INFO     app:test_live.py:"],
     )
     assert code == 0, text
@@ -110,9 +111,7 @@ def test_live_logging_keeps_pytest_levels_phases_and_format(inner) -> None:
             except ValueError:
                 log.exception("failed on %d", rank)
         """,
-        "-o",
-        "log_cli=true",
-        "--log-cli-level=INFO",
+        *LIVE_LOG,
         "--log-cli-format=%(levelname)s|%(name)s|%(message)s",
         "-s",
         subprocess=True,
@@ -130,6 +129,33 @@ def test_live_logging_keeps_pytest_levels_phases_and_format(inner) -> None:
             f"[[]rank {rank}[]] WARNING|app|torn down on {rank}",
         )
     ran.no_lines("*too quiet*")
+
+
+def test_live_logging_shows_a_special_tests_records_and_its_ranks(inner) -> None:
+    ran = inner(
+        """
+        import logging
+        import pytest
+
+        @pytest.mark.special
+        @pytest.mark.multirank(world_size=2)
+        def test_special_ranks(rank):
+            logging.getLogger("app").warning("special rank %d", rank)
+
+        @pytest.mark.special
+        def test_special_plain():
+            logging.getLogger("app").warning("special alone")
+        """,
+        *LIVE_LOG,
+        "--log-cli-format=%(levelname)s|%(message)s",
+        "-v",
+        subprocess=True,
+    )
+    ran.result.assert_outcomes(passed=2)
+    for rank in (0, 1):
+        ran.lines("*::test_special_ranks*", "*- live log call -*", f"[[]rank {rank}[]] WARNING|special rank {rank}")
+    ran.lines("*::test_special_plain*", "*- live log call -*", "WARNING|special alone", "PASSED*")
+    ran.no_lines("*Captured stdout*")
 
 
 def test_without_live_logging_no_rank_record_reaches_the_terminal(inner) -> None:

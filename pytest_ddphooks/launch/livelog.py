@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 LIVE_LOG = "livelog"  # the kind of a rank's file of shipped records (``Job.path(rank, LIVE_LOG)``)
 PHASE = "ddp_phase"  # the record's field saying the rank's phase: ranks and pytest keep their own pace
+RANK = "ddp_rank"  # the record's field naming the rank that logged it, where it travels further
+LIVE_LOG_ENV = "DDPHOOKS_LIVE_LOG"  # a special test's interpreter ships its live log to this file
 
 phase = "setup"  # in a rank: the phase of the test it is in (set as each begins)
 
@@ -38,11 +41,13 @@ _FIELDS = (
 
 class ShippingHandler(logging.Handler):
     """Writes each record it handles to ``path`` as one JSON line (one ``write``: a rank that
-    dies loses no whole record it logged)."""
+    dies loses no whole record it logged), with the phase ``phase_of()`` says (by default the
+    rank's) unless the record carries one."""
 
-    def __init__(self, path: str, level: int) -> None:
+    def __init__(self, path: str, level: int, phase_of: Callable[[], object] | None = None) -> None:
         super().__init__(level)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._phase_of = phase_of or _rank_phase
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -52,7 +57,9 @@ class ShippingHandler(logging.Handler):
                 record.exc_text = logging.Formatter().formatException(record.exc_info)
             fields["exc_text"] = record.exc_text
             fields["stack_info"] = record.stack_info
-            fields[PHASE] = phase
+            fields[PHASE] = getattr(record, PHASE, None) or self._phase_of()
+            if getattr(record, RANK, None) is not None:
+                fields[RANK] = getattr(record, RANK)
             line = json.dumps(fields, default=str).encode() + b"\n"
             while line:
                 line = line[os.write(self._fd, line) :]
@@ -64,6 +71,10 @@ class ShippingHandler(logging.Handler):
             os.close(self._fd)
             self._fd = -1
         super().close()
+
+
+def _rank_phase() -> str:
+    return phase
 
 
 def record_from_line(line: bytes) -> logging.LogRecord | None:

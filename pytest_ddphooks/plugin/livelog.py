@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 
 import pytest
 from _pytest.logging import catching_logs
 
-from ..launch.livelog import LIVE_LOG, PHASE, ShippingHandler, record_from_line
-from ..launch.output import LineSink
+from ..launch.livelog import LIVE_LOG, LIVE_LOG_ENV, PHASE, RANK, ShippingHandler, record_from_line
+from ..launch.output import LineSink, LiveTail
 
 
 def _live_handler(config: pytest.Config) -> tuple[logging.Handler, int] | None:
@@ -37,8 +38,10 @@ class _RankPrefixed(logging.Formatter):
         return "\n".join(self.prefix + line for line in self.inner.format(record).split("\n"))
 
 
-def live_log_sink(config: pytest.Config) -> LineSink | None:
-    """What hands the records ranks ship to pytest's live log; None when live logging is off."""
+def live_log_sink(config: pytest.Config, by_file: bool = True) -> LineSink | None:
+    """What hands the records ranks ship to pytest's live log; None when live logging is off.
+    A record is prefixed by the rank that logged it: the one it names, else (``by_file``) the
+    rank whose file it came from; a special test's interpreter's own records by none."""
     live = _live_handler(config)
     if live is None:
         return None
@@ -50,16 +53,63 @@ def live_log_sink(config: pytest.Config) -> LineSink | None:
             record = record_from_line(line)
             if record is None:
                 continue
+            who = getattr(record, RANK, None)
+            if who is None and by_file:
+                who = rank
             # the handler's lock: the session's own records wait while its format is the rank's
             with handler.lock or contextlib.nullcontext():
                 own = handler.formatter
-                handler.formatter = _RankPrefixed(own, rank)
+                if isinstance(who, int):
+                    handler.formatter = _RankPrefixed(own, who)
+                    setattr(record, RANK, who)  # kept, should this process ship it on
                 try:
                     _in_rank_section(handler, getattr(record, PHASE, None), shown, record)
                 finally:
                     handler.formatter = own
 
     return emit
+
+
+class _OneFile:
+    """A run of one file to follow (``LiveTail`` follows a run's files)."""
+
+    world_size = 1
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def path(self, rank: int, what: str) -> str:
+        return self.file
+
+
+@contextlib.contextmanager
+def following_special(config: pytest.Config, folder: str, env: dict[str, str]) -> Iterator[None]:
+    """While a special test's interpreter runs: what it logs live (its own records and its
+    ranks') reaches this session's live log as it comes."""
+    sink = live_log_sink(config, by_file=False)
+    if sink is None:
+        yield
+        return
+    file = os.path.join(folder, LIVE_LOG)
+    env[LIVE_LOG_ENV] = file
+    tail = LiveTail(_OneFile(file), sink, kinds=(LIVE_LOG,))  # type: ignore[arg-type]
+    tail.start()
+    try:
+        yield
+    finally:
+        tail.stop()
+
+
+def ship_live_log(config: pytest.Config) -> None:
+    """In a special test's interpreter the parent follows: what its live log handler would
+    write to this interpreter's terminal is shipped to the parent instead."""
+    file = os.environ.pop(LIVE_LOG_ENV, None)
+    live = _live_handler(config)
+    if file is None or live is None:
+        return
+    handler, _ = live
+    shipper = ShippingHandler(file, logging.NOTSET, phase_of=lambda: getattr(handler, "_when", None))
+    handler.emit = shipper.emit  # type: ignore[method-assign]
 
 
 def _in_rank_section(
@@ -98,4 +148,4 @@ def shipping_logs(config: pytest.Config, path_of: str) -> Iterator[None]:
         handler.close()
 
 
-__all__ = ["LIVE_LOG", "live_log_sink", "shipping_logs"]
+__all__ = ["LIVE_LOG", "following_special", "live_log_sink", "ship_live_log", "shipping_logs"]

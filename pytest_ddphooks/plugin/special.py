@@ -48,6 +48,7 @@ from ..special import (
     run_isolated,
 )
 from ..stacks import fatal_error, format_stack, rel_path, user_frame
+from .livelog import following_special, ship_live_log
 from .markers import BAD_MARKER_KEY, is_special
 from .reports import relay_warnings
 from .session import LIVE_TERMINAL_KEY, DdpSession
@@ -269,16 +270,17 @@ class SpecialHooks:
         command = child_command(self.config, item, folder)
         cwd = str(self.config.invocation_params.dir)
         live = self.config.getoption("capture", "fd") == "no"
-        run = run_isolated(
-            command,
-            env,
-            cwd,
-            folder,
-            limit,
-            exit_grace=min(EXIT_GRACE, limit),
-            terminal=live,
-            basetemp=self._basetemp(item),
-        )
+        with following_special(self.config, folder, env):
+            run = run_isolated(
+                command,
+                env,
+                cwd,
+                folder,
+                limit,
+                exit_grace=min(EXIT_GRACE, limit),
+                terminal=live,
+                basetemp=self._basetemp(item),
+            )
         reports = []
         for message in run.messages:
             if message.get("event") == "report":
@@ -434,6 +436,9 @@ class SpecialChildHooks:
         self._stacks = open(stacks, "w")  # noqa: SIM115
         stacks = self._stacks
         dump_signals.keep_armed((signal.SIGUSR1,), lambda: dump_signals.register(signal.SIGUSR1, stacks))
+
+    def pytest_sessionstart(self) -> None:
+        ship_live_log(self.config)  # the live log handler exists from here
 
     def _write(self, message: dict[str, Any]) -> None:
         self._out.write(json.dumps(message) + "\n")

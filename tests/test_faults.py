@@ -309,6 +309,7 @@ def test_copes(rank, faults):
     ran.lines(
         "attempt 0: rank 0 * after rank 1* rank 1 killed by the injected fault *",
         "attempt 1: *rank 1 killed by the injected fault kill(at='dist.all_reduce#1') at event #*",
+        "no restart left: restarts=1 were all used",
     )
     # the last attempt's line and the verdict tell the same story of rank 0
     assert "the test is over" not in ran.text

@@ -419,6 +419,8 @@ class MultirankHooks:
             report = watch.wait_end()
         if attempts:
             attempts.append(attempt_summary(report, job.attempt))
+            if _death(report):  # as torchrun's agent gives up: the death of the last attempt stands
+                attempts.append(f"no restart left: restarts={job.max_restarts} were all used")
             item.add_report_section("call", "attempts", "\n".join(attempts))
         verdict = classify(
             report, watch.setup_done if job.attempt == 0 and job.holds is None else None, watch.body_passed

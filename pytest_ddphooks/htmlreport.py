@@ -123,8 +123,10 @@ def multirank_view(
 def write_report(path: str, views: list[dict[str, Any]], title: str) -> str:
     """Write the page; returns the path written."""
     data = strict_json({"title": title, "tests": views}, separators=(",", ":"))
-    # a JSON string inside a script element must not close it
-    data = data.replace("</", "<\\/")
+    # inside a script element no "<" may reach the HTML parser: "</script" would close it, and
+    # "<!--" then "<script" (a test's output may hold both) would make the rest of the page
+    # part of it; JSON reads "\u003c" as the same "<"
+    data = data.replace("<", "\\u003c")
     page = _page().replace("__TITLE__", html.escape(title)).replace("__DATA__", data)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"

@@ -347,3 +347,30 @@ def test_junit_labels_each_ranks_output(pytester: pytest.Pytester) -> None:
     assert out is not None and "[rank 0] loss=0.5" in (out.text or "") and "[rank 1] loss=1.5" in (out.text or "")
     # the terminal's sections are titled by rank, their lines as printed
     result.stdout.fnmatch_lines(["*Captured stdout rank 0 call*", "loss=0.5"])
+
+
+def test_html_a_test_printed_cannot_break_the_page(pytester: pytest.Pytester) -> None:
+    """A failing rank's output is shown on the page as text; an unclosed comment and a script
+    tag in it (a fragment of a page the code under test made) once blanked the whole page."""
+    pytester.makepyfile(
+        test_html="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_prints_html(rank):
+            print('<!--[if IE]><script src="ie.js"></script><![endif]')
+            assert rank == 0
+
+        @pytest.mark.multirank(world_size=2)
+        def test_passes(rank):
+            pass
+        """
+    )
+    page = pytester.path / "report.html"
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--ddp-report={page}").assert_outcomes(failed=1, passed=1)
+    assert "<!--" not in page.read_text().split('<script id="data"', 1)[1]
+    outputs = json.dumps(_embedded(page))
+    assert '<!--[if IE]><script src=\\"ie.js\\"></script><![endif]' in outputs
+    dom = _dom(page)
+    rows = sorted(a["data-nodeid"] for a in dom.of_class("test"))
+    assert rows == ["test_html.py::test_passes", "test_html.py::test_prints_html"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -69,10 +70,11 @@ def test_relative_paths_are_read_as_pytest_reads_paths(pytester, monkeypatch) ->
     monkeypatch.chdir(tests)
     result = pytester.runpytest("-p", "no:cacheprovider", "test_fails.py")
     result.assert_outcomes(failed=1)
-    assert [p.name for p in (pytester.path / "ci" / "traces").iterdir()] == ["tests_test_fails.py_test_fails.json"]
+    names = [p.name for p in (pytester.path / "ci" / "traces").iterdir()]
+    assert len(names) == 1 and re.fullmatch(r"tests_test_fails\.py_test_fails-[0-9a-f]{10}\.json", names[0]), names
     assert not (tests / "ci").exists()
     result = pytester.runpytest("-p", "no:cacheprovider", "test_fails.py", "--ddp-trace-dir=here")
-    assert [p.name for p in (tests / "here").iterdir()] == ["tests_test_fails.py_test_fails.json"]
+    assert [p.name for p in (tests / "here").iterdir()] == names
 
 
 def test_a_hung_collective_lasts_until_the_ranks_were_stopped(inner, tmp_path) -> None:
@@ -145,3 +147,21 @@ def test_a_trace_shows_the_injected_fault_and_ends_a_killed_ranks_call_with_it(i
     assert killed_in["name"] == "dist.all_reduce" and killed_in["args"]["ended_with_the_rank"] is True
     # it ends where the rank was killed, not where the run ended
     assert killed_in["ts"] + killed_in["dur"] == pytest.approx(fault[0]["ts"], abs=1.0)
+
+
+def test_two_tests_never_share_a_trace_file_even_in_two_processes() -> None:
+    """xdist's workers each name their own tests' files, each knowing only its own: names
+    that flattening could make one carry a hash of the whole id."""
+    from pytest_ddphooks.plugin.reports import trace_file_name
+
+    ids = [
+        "test_a/test_same.py::test_y",
+        "test_a_test_same.py::test_y",
+        "test_x.py::TestA::test_b",
+        "test_x.py::TestA_test_b",
+        "test_x.py::test_p[a/b]",
+        "test_x.py::test_p[a_b]",
+    ]
+    names = [trace_file_name(nodeid, {}) for nodeid in ids]  # a process of its own each
+    assert len(set(names)) == len(ids), names
+    assert trace_file_name("test_a_test_same.py::test_y", {}) == "test_a_test_same.py_test_y.json"

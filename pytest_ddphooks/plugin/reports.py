@@ -262,10 +262,18 @@ _TRACE_NAMES_KEY = pytest.StashKey[dict[str, str]]()  # trace file name -> the t
 
 def trace_file_name(nodeid: str, taken: dict[str, str]) -> str:
     """The trace file of a test: its id, flattened; where flattening could make two ids one
-    (``[a/b]`` and ``[a_b]``, a long id cut short, ``sub/test_x.py`` and ``sub_test_x.py``
-    in one session: ``taken``), a hash of the whole id follows."""
-    plain = nodeid.replace("::", "_").replace("/", "_") + ".json"
-    if len(plain) <= 125 and re.fullmatch(r"[A-Za-z0-9_.-]+", plain) and taken.get(plain, nodeid) == nodeid:
+    (``[a/b]`` and ``[a_b]``, a long id cut short, ``sub/test_x.py`` and ``sub_test_x.py``,
+    ``TestA::test_b`` and ``TestA_test_b``: anything but a file of the root folder and a test
+    function in it), a hash of the whole id follows. Processes that share the folder (xdist's
+    workers) then never write one file for two tests; ``taken`` checks it within one."""
+    file, _, test = nodeid.partition("::")
+    plain = f"{file}_{test}.json"
+    if (
+        len(plain) <= 125
+        and re.fullmatch(r"[A-Za-z0-9_.-]+\.py", file)
+        and re.fullmatch(r"[A-Za-z0-9_]+", test)
+        and taken.get(plain, nodeid) == nodeid
+    ):
         name = plain
     else:
         digest = hashlib.sha1(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:10]

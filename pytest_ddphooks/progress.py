@@ -190,14 +190,15 @@ class RankProgress:
     def desync(self, finished: Iterable[int] = ()) -> tuple[object, ...] | None:
         """The first collective that ranks are inside with calls that cannot match, with how
         many events those ranks had recorded (to tell a stuck state from progress); else None.
-        A rank in ``finished`` (it finished the test) counts with the call it made there: gloo
-        may let one side of a mismatched collective return, never the other."""
+        A rank that left it (went on to its next call, or finished the test: ``finished``)
+        counts with the call it made there: gloo may let one side of a mismatched collective
+        return, never the other."""
         at: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
         for rank, state in self._ranks.items():
             for info in state.inside.values():
                 if info.get("seq") and info.get("sync") not in (collectives.SEND, collectives.RECV):
                     at.setdefault(collective_key(info), {})[rank] = info
-        for rank in finished:
+        for rank in {*finished, *self._ranks}:
             entered = self._of(rank).entered
             for key, ranks in at.items():
                 call = entered.get(key)
@@ -223,13 +224,21 @@ class RankProgress:
         for rank in sorted(live):
             calls = list(self._of(rank).inside.values())
             # one blocking call on the rank, from Python: the rank can do nothing else
-            if len(calls) == 1 and _blocking_collective(calls[0]):
+            if len(calls) == 1 and (_blocking_collective(calls[0]) or _blocking_p2p(calls[0])):
                 blocked[rank] = calls[0]
         # a rank inside timeline() waits for every rank to call it as often: one blocked in a
         # collective that rank never entered never will
         exchanging = {rank: self._of(rank).in_exchange for rank in sorted(live) if self._of(rank).in_exchange}
         waits: dict[int, list[int]] = {}
         for rank, info in blocked.items():
+            if _blocking_p2p(info):
+                # a send waits for its peer's receive, a receive for its peer's send: a peer
+                # blocked in anything but that (a collective, timeline()) never posts it
+                peer = self._lane(info["src" if info.get("sync") == collectives.RECV else "dst"])
+                theirs = blocked.get(peer)
+                matching = theirs is not None and _blocking_p2p(theirs) and theirs.get("sync") != info.get("sync")
+                waits[rank] = [peer] if (peer in blocked and not matching) or peer in exchanging else []
+                continue
             members = [self._lane(m) for m in info.get("ranks") or range(int(info.get("group_size") or world_size))]
             key = collective_key(info)
             waits[rank] = [
@@ -313,6 +322,15 @@ class RankProgress:
 
 
 KILLED = "killed"  # how a rank an injected fault killed left the test
+
+
+def _blocking_p2p(info: dict[str, Any]) -> bool:
+    """A send or a receive from a named peer, from Python (a receive from any source waits
+    for whoever sends: no one peer to wait for)."""
+    sync = info.get("sync")
+    if sync not in (collectives.SEND, collectives.RECV) or info.get("native"):
+        return False
+    return info.get("src" if sync == collectives.RECV else "dst") is not None
 
 
 def _blocking_collective(info: dict[str, Any]) -> bool:

@@ -79,6 +79,65 @@ def test_all_reduce_against_broadcast_is_a_desync_said_first(inner) -> None:
     assert ran.seconds < 30
 
 
+def test_a_desync_whose_returning_side_goes_on_to_the_next_collective_is_stopped_early(inner) -> None:
+    """gloo lets rank 0 return from an all-reduce of 2 elements against one of 3: it waits in
+    the next barrier, while rank 1 waits in the all-reduce for ever."""
+    ran = inner(
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_then_barrier(rank):
+            dist.all_reduce(torch.ones(2 if rank == 0 else 3))
+            dist.barrier()
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "desync: collective #1 on the default group: rank 0 all_reduce(float32[2]), rank 1 all_reduce(float32[3])",
+        "hang: the ranks were stopped after * s, not at the 60 s limit:"
+        " they are blocked in collectives that can never match",
+    )
+    assert ran.seconds < 30
+
+
+def test_a_send_or_receive_its_peer_never_posts_while_it_waits_in_a_collective_is_a_deadlock(inner) -> None:
+    ran = inner(
+        """
+        import threading
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_send_against_barrier(rank):
+            if rank == 0:
+                dist.send(torch.ones(2), 1)  # rank 1 posts no receive
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_receive_posted_late(rank):
+            if rank == 0:
+                dist.send(torch.ones(2), 1)
+            else:
+                threading.Event().wait(3)  # busy elsewhere, no collective: rank 0 only waits
+                dist.recv(torch.empty(2), 0)
+            dist.barrier()
+        """
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "hang: the ranks were stopped after * s, not at the 60 s limit: ranks 0,1 wait for each other in"
+        " different collectives (a deadlock)",
+        "  rank 0: blocked in send (peer 1) for * s",
+        "  rank 1: blocked in barrier #1 on the default group for * s",
+        "    ranks that never entered barrier #1: 0",
+    )
+    assert ran.seconds < 30
+
+
 def test_a_slow_peer_in_a_matching_collective_is_not_stopped_early(inner) -> None:
     ran = inner(
         """

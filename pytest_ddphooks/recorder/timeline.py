@@ -603,8 +603,9 @@ class Timeline:
     def entered_in_different_hooks(self) -> str | None:
         """The first collective (in time) whose members entered it inside different
         instrumented calls: gloo takes any two barriers (or two all-reduces of one shape) as
-        one, so two different ones may have been paired, and the ranks one apart since."""
-        insts = [i for i in self.instances.values() if i.key[0] == "c" and len(i.starts) > 1]
+        one, so two different ones may have been paired, and the ranks one apart since. Calls
+        that do not match (a desync) are no such pairing: gloo does not take them as one."""
+        insts = [i for i in self.instances.values() if i.key[0] == "c" and len(i.starts) > 1 and i.consistent]
         around = self._hooks_around(e for i in insts for e in i.starts.values())
         hook: dict[tuple[int, int], str] = {}  # (rank, event index) -> the innermost call around it
         for at, spans in around.items():

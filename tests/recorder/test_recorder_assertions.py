@@ -418,6 +418,19 @@ def test_a_collective_entered_in_different_hooks_is_pointed_out() -> None:
     )
 
 
+def test_calls_that_do_not_match_are_a_desync_not_a_pairing_across_hooks() -> None:
+    sim = Sim(2)
+    with sim.span(0, "Trainer.setup"):
+        a = sim.cstart(0, "barrier")
+    with sim.span(1, "Trainer.step"):
+        b = sim.cstart(1, "all_reduce", payload="float32[3]")
+    sim.cend(a)
+    sim.cend(b)
+    tl = sim.timeline()
+    assert tl.collective_mismatches(), "a desync"
+    assert tl.entered_in_different_hooks() is None
+
+
 def test_a_collective_entered_in_the_same_hook_is_not_pointed_out() -> None:
     sim = Sim(2)
     handles = {}

@@ -14,8 +14,10 @@ import linecache
 import os
 import re
 import signal
+import sys
 import sysconfig
 import time
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -46,6 +48,7 @@ class ThreadStack:
     ident: int
     current: bool
     frames: list[Frame] = field(default_factory=list)  # innermost first, as faulthandler writes
+    cut: bool = False  # faulthandler writes 100 frames at most: the outermost (the test's) were left out
 
 
 @dataclass
@@ -74,19 +77,70 @@ def parse_stacks(text: str) -> Stacks:
         m = _FRAME.match(line)
         if m and thread is not None:
             thread.frames.append(Frame(m.group(1), int(m.group(2)), m.group(3)))
+        elif line.strip() == "..." and thread is not None:
+            thread.cut = True
     return out
 
 
-def dump_stacks(targets: Mapping[K, tuple[int, str]], wait: float = 1.0) -> dict[K, Stacks]:
+def write_python_stacks(path: str) -> None:
+    """Every thread's whole stack, in faulthandler's format, to ``path`` (replaced at once):
+    from a thread of the process, for stacks deeper than faulthandler writes."""
+    lines = []
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"Thread 0x{ident:016x} (most recent call first):")
+        at: types.FrameType | None = frame
+        while at is not None:
+            lines.append(f'  File "{at.f_code.co_filename}", line {at.f_lineno} in {at.f_code.co_name}')
+            at = at.f_back
+        lines.append("")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    os.replace(tmp, path)
+
+
+def _deepened(stacks: Stacks, deeper: str, wait: float) -> Stacks:
+    """``stacks`` with each thread faulthandler cut short taken whole from ``deeper`` (what a
+    thread of the process wrote, once it could run), where it came within ``wait`` seconds."""
+    if not any(t.cut for t in stacks.threads):
+        return stacks
+    deadline = time.monotonic() + wait
+    while not os.path.exists(deeper) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        with open(deeper, encoding="utf-8", errors="replace") as f:
+            whole = {t.ident: t for t in parse_stacks(f.read()).threads}
+    except OSError:
+        return stacks
+    for t in stacks.threads:
+        found = whole.get(t.ident)
+        if t.cut and found is not None and len(found.frames) > len(t.frames):
+            t.frames, t.cut = found.frames, False
+    return stacks
+
+
+def dump_stacks(
+    targets: Mapping[K, tuple[int, str]],
+    wait: float = 1.0,
+    deeper: Mapping[K, tuple[str, str]] | None = None,
+) -> dict[K, Stacks]:
     """Ask processes (key -> (pid, the file their faulthandler writes on SIGUSR1)) for their
     stacks; read them once they stop growing, or after ``wait`` seconds. A process stopped by
-    SIGSTOP cannot answer: continuing it to ask would change what it is being asked about."""
-    for _, path in targets.values():
+    SIGSTOP cannot answer: continuing it to ask would change what it is being asked about.
+    ``deeper`` (key -> (the pipe a thread of it listens on, the file it writes)): asked too,
+    for the whole of a stack deeper than faulthandler writes."""
+    deeper = deeper or {}
+    for key, (_, path) in targets.items():
         with contextlib.suppress(OSError):
             os.truncate(path, 0)
-    for pid, _ in targets.values():
+        if key in deeper:
+            with contextlib.suppress(OSError):
+                os.unlink(deeper[key][1])
+    for key, (pid, _) in targets.items():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
+        if key in deeper:
+            ask(deeper[key][0], ASK_STACKS)
     deadline = time.monotonic() + wait
     sizes: dict[K, int] = {}
     steady: set[K] = set()
@@ -111,7 +165,24 @@ def dump_stacks(targets: Mapping[K, tuple[int, str]], wait: float = 1.0) -> dict
                 out[key] = parse_stacks(f.read())
         except FileNotFoundError:
             out[key] = Stacks()
+        if key in deeper:
+            out[key] = _deepened(out[key], deeper[key][1], 0.5)
     return out
+
+
+ASK_NATIVE = b"?"  # what native code issued meanwhile (from torch's flight recorder)
+ASK_STACKS = b"s"  # every thread's whole stack
+
+
+def ask(pipe: str, what: bytes) -> None:
+    """Ask a process that listens on ``pipe`` (a FIFO); nothing when no one listens."""
+    try:
+        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return  # no one listening (yet, or any more)
+    with contextlib.suppress(OSError):
+        os.write(fd, what)
+    os.close(fd)
 
 
 def _library_roots() -> tuple[str, ...]:
@@ -183,11 +254,24 @@ def rel_path(path: str) -> str:
 
 def format_stack(stack: ThreadStack, name: str) -> list[str]:
     lines = [f"{name} (most recent call last):"]
-    for frame in reversed(trim_harness(stack.frames)):
+    frames = list(reversed(trim_harness(stack.frames)))
+    i = 0
+    while i < len(frames):
+        frame = frames[i]
         lines.append(f'  File "{rel_path(frame.path)}", line {frame.line}, in {frame.function}')
         src = frame.source()
         if src:
             lines.append(f"    {src}")
+        same = 1
+        while i + same < len(frames) and frames[i + same] == frame:
+            same += 1
+        if same > 3:  # as Python's tracebacks tell a recursion: the frame once, then how often
+            lines.append(f"  [the same frame {same - 1} more times]")
+            i += same
+        else:
+            i += 1
+    if stack.cut:
+        lines.append("  ... (the dump holds the innermost 100 frames: the outer ones are not known)")
     return lines
 
 

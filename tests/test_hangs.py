@@ -699,3 +699,45 @@ def test_hangs_under_xdist(inner) -> None:
         ran.lines(f"    stuck at test_inner.py:* in test_kind_{kind}: {stuck.replace('600', '613')}")
     assert ran.seconds < 60
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "613"]]
+
+
+def test_a_hang_deeper_than_faulthandler_dumps_still_names_the_tests_line(inner) -> None:
+    """faulthandler writes a stack's innermost 100 frames: the rank's own thread gives the
+    rest, so the test's frame and its "stuck at" line are kept; a frame repeated is told once."""
+    ran = inner(
+        """
+        import contextlib
+        import pytest
+        import torch.distributed as dist
+
+        @contextlib.contextmanager
+        def nothing():
+            yield
+
+        def wrapped(f):
+            for _ in range(120):  # a framework's decorators, stacked
+                f = nothing()(f)
+            return f
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_deep(rank):
+            barrier = wrapped(dist.barrier)
+            if rank == 0:
+                barrier()
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "  rank 0: blocked in barrier #1 on the default group for *",
+        "    ranks that never entered barrier #1: 1",
+        "    stuck at test_inner.py:18 in test_deep: barrier()",
+    )
+    ran.lines(
+        "rank 0 stack, MainThread (most recent call last):",
+        '  File "test_inner.py", line 18, in test_deep',
+        "    barrier()",
+        '  File "*contextlib.py", line *, in inner',
+        "    return func(*args, **kwds)",
+        "  [[]the same frame 119 more times[]]",
+    )
+    ran.no_lines("*the dump holds the innermost 100 frames*")

@@ -29,6 +29,7 @@ from .. import blobs, coverage_relay, dump_signals, singletons
 from ..recorder import Recorder, events
 from ..report import RankResult
 from ..schedule import Hold, ScheduleHook
+from ..stacks import ASK_NATIVE, ASK_STACKS, write_python_stacks
 from . import procs, protocol, rendezvous
 from .debugger import RankDebugger
 from .job import VOLATILE_ENV, Job
@@ -189,20 +190,24 @@ def _kill_children() -> list[tuple[int, str]]:
     return found
 
 
-def _answer_asks(path: str, recorder: Recorder) -> None:
+def _answer_asks(path: str, stacks: str, recorder: Recorder) -> None:
     """When the watchdog sees this rank make no progress, it asks (a byte on a pipe) what
-    native code issued meanwhile: a thread that waits for that adds it to the events."""
+    native code issued meanwhile: a thread that waits for that adds it to the events. When
+    it takes the rank's stacks, it asks for them whole too (faulthandler writes 100 frames)."""
     os.mkfifo(path, 0o600)
 
     def serve() -> None:
         while True:
             try:
                 with open(path, "rb") as asked:
-                    asked.read()
+                    what = asked.read()
             except OSError:
                 return
             with contextlib.suppress(Exception):
-                recorder.read_native()
+                if ASK_STACKS in what:
+                    write_python_stacks(stacks)
+                if ASK_NATIVE in what:
+                    recorder.read_native()
 
     threading.Thread(target=serve, name="ddphooks-native", daemon=True).start()
 
@@ -267,7 +272,7 @@ def _set_up(job: Job, rank: int, port: int, listener: Any) -> _SetUp:
         state.store = dist.PrefixStore("ddphooks/", raw_store)
         recorder._exchange = _exchanger(state.store, rank, job.world_size)
         recorder.activate()
-        _answer_asks(job.path(rank, "ask"), recorder)
+        _answer_asks(job.path(rank, "ask"), job.path(rank, "pystacks"), recorder)
         if job.holds is not None:
             # once the run's store is up: the ranks wait for rank 0's before anything of theirs
             _follow_schedule(recorder, job.holds.get(rank, []))

@@ -20,8 +20,6 @@ The run is followed in two steps, so that pytest reports each phase where it hap
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections.abc import Callable
 
@@ -33,7 +31,7 @@ from ..recorder.events import EventReader, RawEvent
 from ..recorder.timeline import Timeline
 from ..report import RankExit, RankResult, RunReport, Stall
 from ..schedule import planned_seconds
-from ..stacks import dump_stacks
+from ..stacks import ASK_NATIVE, ask, dump_stacks
 from . import procs, protocol
 from .job import Job
 from .launcher import Launcher
@@ -349,13 +347,7 @@ class RunWatch:
         """Ranks that recorded nothing since the last look may wait in a collective native
         code issued: ask them to add those from torch's flight recorder (seen next look)."""
         for r in ranks:
-            try:
-                fd = os.open(self.job.path(r, "ask"), os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:
-                continue  # no one listening (yet, or any more)
-            with contextlib.suppress(OSError):
-                os.write(fd, b"?")
-            os.close(fd)
+            ask(self.job.path(r, "ask"), ASK_NATIVE)
 
     # -- ending it -----------------------------------------------------------------------
 
@@ -368,7 +360,8 @@ class RunWatch:
             report.frozen = {r for r, p in live.items() if procs.is_frozen(p)}
             report.exchanging = self._progress.exchanging() & set(live)
             targets = {r: (p, self.job.path(r, "stacks")) for r, p in live.items() if r not in report.frozen}
-            report.stacks = dump_stacks(targets) if targets else {}
+            deeper = {r: (self.job.path(r, "ask"), self.job.path(r, "pystacks")) for r in targets}
+            report.stacks = dump_stacks(targets, deeper=deeper) if targets else {}
             for r in live:
                 report.stopped[r] = reason
             for ex in self.launcher.kill(self.job.test_id):

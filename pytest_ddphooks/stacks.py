@@ -275,6 +275,45 @@ def format_stack(stack: ThreadStack, name: str) -> list[str]:
     return lines
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def without_harness_frames(stderr: str) -> str:
+    """A process's stderr with the harness's frames left out of its fatal error dump (the
+    dump is the harness's doing: the launcher, pytest and the recorder around the test's
+    frames are not the test's; a thread of the harness alone goes entirely)."""
+    at = stderr.find("Fatal Python error:")
+    if at < 0:
+        return stderr
+    out: list[str] = []
+    thread: list[str] = []
+    frames: list[tuple[str, Frame]] = []
+
+    def flush() -> None:
+        trimmed = trim_harness([f for _, f in frames])
+        kept = {id(f) for f in trimmed}
+        lines = [line for line, f in frames if id(f) in kept]
+        # a thread the harness started (its frames, below the test's, are still the plugin's)
+        ours = any(os.path.abspath(f.path).startswith(_PACKAGE + os.sep) for f in trimmed)
+        if thread and not ours and (lines or not frames):
+            out.extend(thread + lines)
+        thread.clear()
+        frames.clear()
+
+    for line in stderr[at:].split("\n"):
+        if _THREAD.match(line):
+            flush()
+            thread.append(line)
+        elif thread and (m := _FRAME.match(line)):
+            frames.append((line, Frame(m.group(1), int(m.group(2)), m.group(3))))
+        else:
+            flush()
+            out.append(line)
+    flush()
+    tidy = [line for i, line in enumerate(out) if line or i == 0 or out[i - 1]]  # one blank line where threads went
+    return stderr[:at] + "\n".join(tidy)
+
+
 def fatal_error(stderr: str) -> list[str]:
     """A process's "Fatal Python error" (SIGSEGV and the like), with the test's frames only;
     and what C++ said as it terminated (``terminate called ...`` / ``what(): ...``)."""

@@ -31,7 +31,7 @@ from ..recorder.events import EventReader, RawEvent
 from ..recorder.timeline import Timeline
 from ..report import RankExit, RankResult, RunReport, Stall
 from ..schedule import planned_seconds
-from ..stacks import ASK_NATIVE, ask, dump_stacks
+from ..stacks import ASK_NATIVE, ask, dump_stacks, without_harness_frames
 from . import procs, protocol
 from .job import Job
 from .launcher import Launcher
@@ -390,7 +390,8 @@ class RunWatch:
             if out or err:
                 result = report.results.get(r)
                 report.outputs[r] = (as_text(out), as_text(err))
-                report.phase_outputs[r] = split_by_phase(out, err, result.output_marks if result else [])
+                pieces = split_by_phase(out, err, result.output_marks if result else [])
+                report.phase_outputs[r] = [(phase, o, without_harness_frames(e)) for phase, o, e in pieces]
         for r in range(job.world_size):
             self._read(r)  # what was written since the last look; the rest was read as it came
         raw = self._records

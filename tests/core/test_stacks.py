@@ -7,8 +7,9 @@ import subprocess
 import sys
 import time
 
+import pytest_ddphooks
 from pytest_ddphooks.launch import procs
-from pytest_ddphooks.stacks import dump_stacks, fatal_error
+from pytest_ddphooks.stacks import dump_stacks, fatal_error, without_harness_frames
 
 ANSWERS = """
 import faulthandler, signal, sys, time
@@ -113,3 +114,32 @@ def test_a_crash_in_a_python_thread_shows_that_thread_only() -> None:
     assert lines[1] == "in the thread that crashed (most recent call last):"
     assert "native thread" not in "\n".join(lines)
     assert not any("other.py" in ln for ln in lines)
+
+
+def test_a_crash_dump_in_a_ranks_stderr_leaves_out_the_harness() -> None:
+    """The dump is the harness's doing: the launcher and pytest below the test, the
+    recorder's wrappers and the harness's own threads are not the test's."""
+    package = os.path.dirname(os.path.abspath(pytest_ddphooks.__file__))
+    stderr = (
+        "before the crash\n"
+        "Fatal Python error: Aborted\n\n"
+        "Thread 0x0002 (most recent call first):\n"
+        f'  File "{package}/launch/rank.py", line 202 in serve\n'
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run\n\n'
+        "Current thread 0x0001 (most recent call first):\n"
+        '  File "/venv/torch/distributed/distributed_c10d.py", line 2799 in recv\n'
+        f'  File "{package}/recorder/distpatch.py", line 556 in wrapper\n'
+        '  File "/srv/test_x.py", line 11 in test_recv\n'
+        '  File "/venv/_pytest/python.py", line 157 in pytest_pyfunc_call\n'
+        f'  File "{package}/launch/rank.py", line 300 in rank_main\n\n'
+        "Extension modules: torch._C (total: 1)\n"
+    )
+    assert without_harness_frames(stderr) == (
+        "before the crash\n"
+        "Fatal Python error: Aborted\n\n"
+        "Current thread 0x0001 (most recent call first):\n"
+        '  File "/venv/torch/distributed/distributed_c10d.py", line 2799 in recv\n'
+        '  File "/srv/test_x.py", line 11 in test_recv\n\n'
+        "Extension modules: torch._C (total: 1)\n"
+    )
+    assert without_harness_frames("no dump here\n") == "no dump here\n"

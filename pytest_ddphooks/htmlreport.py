@@ -50,7 +50,9 @@ def timeline_view(timeline: Timeline | None, started_ns: int = 0, stopped_ns: in
     lanes = sorted({(e.rank, e.lane) for e in timeline.events})
     lane_at = {key: i for i, key in enumerate(lanes)}
     spans = []
-    for s in timeline.spans():
+    all_spans = timeline.spans()
+    depth = _depths(all_spans)
+    for s in all_spans:
         name_id = names.setdefault(s.name, len(names))
         end = s.end if s.end is not None else None
         spans.append(
@@ -63,6 +65,7 @@ def timeline_view(timeline: Timeline | None, started_ns: int = 0, stopped_ns: in
                 s.start.index,
                 None if end is None else end.index,
                 _detail(s.start.info),
+                depth[id(s)],  # calls open around it on its lane: drawn inside them, never over them
             ]
         )
     colls = []
@@ -147,6 +150,23 @@ def _page() -> str:
         return f.read()
 
 
+def _depths(spans: list[Any]) -> dict[int, int]:
+    """How many spans of its lane each span lies inside (a collective in a hook: 1)."""
+    out: dict[int, int] = {}
+    by_lane: dict[tuple[int, int], list[Any]] = {}
+    for s in spans:
+        by_lane.setdefault((s.rank, s.start.lane), []).append(s)
+    for lane_spans in by_lane.values():
+        open_ends: list[float] = []  # end event indexes of the spans open here, innermost last
+        for s in sorted(lane_spans, key=lambda sp: sp.start.index):
+            while open_ends and open_ends[-1] < s.start.index:
+                open_ends.pop()
+            out[id(s)] = len(open_ends)
+            if s.end is not s.start:  # a mark holds nothing
+                open_ends.append(float("inf") if s.end is None else s.end.index)
+    return out
+
+
 def static_svg(view: dict[str, Any], width: int = 1100) -> str:
     """The timeline of one test as an SVG drawing, without script (for pytest-html's extras)."""
     tl = view["timeline"]
@@ -164,7 +184,7 @@ def static_svg(view: dict[str, Any], width: int = 1100) -> str:
     parts = [f'<svg class="ddphooks-timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
     for i, (rank, _lane, name) in enumerate(lanes):
         parts.append(f'<text x="4" y="{i * row + 17}" font-size="11">rank {rank} {html.escape(str(name))}</text>')
-    for lane_i, kind, name_id, start, end, index, end_index, detail in spans:
+    for lane_i, kind, name_id, start, end, index, end_index, detail, depth in spans:
         rank = lanes[lane_i][0]
         hot = (rank, index) in marked or (rank, end_index) in marked
         x0 = x(start)
@@ -172,9 +192,10 @@ def static_svg(view: dict[str, Any], width: int = 1100) -> str:
         color = _COLORS[kind]
         stroke = ' stroke="#d00" stroke-width="2"' if hot else ""
         title = html.escape(f"{tl['names'][name_id]} (rank {rank}, event #{index}) {detail}")
+        inset = 3 * min(depth, 2)  # inside the calls around it, which stay visible
         parts.append(
-            f'<rect x="{x0:.1f}" y="{lane_i * row + 4}" width="{max(x1 - x0, 1.5):.1f}" height="{row - 8}"'
-            f' fill="{color}"{stroke}><title>{title}</title></rect>'
+            f'<rect x="{x0:.1f}" y="{lane_i * row + 4 + inset}" width="{max(x1 - x0, 1.5):.1f}"'
+            f' height="{row - 8 - 2 * inset}" fill="{color}"{stroke}><title>{title}</title></rect>'
         )
     parts.append("</svg>")
     if len(tl["spans"]) > MAX_STATIC_SPANS:

@@ -15,7 +15,7 @@ from xml.etree import ElementTree
 import pytest
 from synth import Sim
 
-from pytest_ddphooks.htmlreport import multirank_view, write_report
+from pytest_ddphooks.htmlreport import multirank_view, static_svg, write_report
 
 SUITE = """
 import time
@@ -374,3 +374,27 @@ def test_html_a_test_printed_cannot_break_the_page(pytester: pytest.Pytester) ->
     dom = _dom(page)
     rows = sorted(a["data-nodeid"] for a in dom.of_class("test"))
     assert rows == ["test_html.py::test_passes", "test_html.py::test_prints_html"]
+
+
+def test_a_call_inside_a_hook_is_drawn_inside_it_and_the_hook_keeps_its_name(tmp_path: Path) -> None:
+    sim = Sim(2)
+    for rank in range(2):
+        with sim.span(rank, "Trainer.setup"):
+            pass
+    handles = {}
+    with sim.span(0, "Trainer.fit"):
+        handles[0] = sim.cstart(0, "barrier")
+        handles[1] = sim.cstart(1, "barrier")
+        for h in handles.values():
+            sim.cend(h)
+    view = multirank_view("test_nest.py::test_nest", sim.timeline(), world_size=2)
+    view["outcome"] = "failed"
+    page = tmp_path / "nest.html"
+    write_report(str(page), [view], "nest")
+    dom = _dom(page)
+    spans = {(a["data-rank"], a["data-name"]): a for a in dom.of_class("span")}
+    hook, inside = spans[("0", "Trainer.fit")], spans[("0", "dist.barrier")]
+    assert (hook["data-depth"], inside["data-depth"], spans[("1", "dist.barrier")]["data-depth"]) == ("0", "1", "0")
+    assert float(inside["height"]) < float(hook["height"])
+    assert float(inside["y"]) > float(hook["y"])
+    assert "Trainer.fit" in static_svg(view)

@@ -303,3 +303,9 @@ def test_a_subclass_marker_overrides_its_bases_and_a_nearer_size_must_agree(pyte
             " but a marker of its class or module made it for world_size=2*"
         ]
     )
+
+
+def test_an_empty_choice_in_the_ini_file_is_its_default(pytester) -> None:
+    pytester.makeini("[pytest]\nddp_leaks =\nddp_spmd =\n")
+    pytester.makepyfile(test_ok=MULTIRANK_TEST)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)

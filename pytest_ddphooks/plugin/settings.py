@@ -16,7 +16,7 @@ from .. import spmd
 from ..leaks import Allowlist
 from ..schedule import EXPLORE_UNDER_TORCHRUN, ScheduleError, parse_seed
 from ..spec import MAX_EXPLORE, MAX_SECONDS
-from .options import DEFAULT_TIMEOUT
+from .options import DEFAULT_TIMEOUT, OPTIONS
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,8 @@ def _ini_flag(config: pytest.Config, name: str) -> bool:
 
 def _choice(config: pytest.Config, name: str, choices: tuple[str, ...]) -> str:
     value, where = _value(config, name)
+    if config.getoption(name) is None and not str(value).strip():
+        value = next(o.ini_default for o in OPTIONS if o.name == name)  # ``ddp_leaks =``: as if not written
     if value not in choices:
         raise pytest.UsageError(f"{where}: use one of {', '.join(choices)}")
     return str(value)

@@ -66,7 +66,7 @@ def parse_point(at: Any) -> Point:
     if body.startswith("dist."):
         op = body.removeprefix("dist.")
         if op not in collectives.OPS:
-            known = ", ".join(f"dist.{o}" for o in sorted(collectives.OPS))
+            known = ", ".join(f"dist.{o}" for o in sorted(collectives.OPS, key=lambda o: (o.startswith("_"), o)))
             raise FaultError(f"at={at!r}: the recorder names no call {body!r} (it records {known})")
         return Point(text, events.START, body, n)
     prefix, colon, name = body.partition(":")

@@ -214,7 +214,7 @@ class LeakGuard:
             if pid not in before.processes:
                 if cmd == "?":  # caught between fork and exec: let it become what it runs
                     cmd = procs.command_line(pid, settle=True)
-                leaks.append(Leak("process", cmd, f"process {pid}{_forked(pid, cmd)} is still running: {cmd}", pid))
+                leaks.append(Leak("process", cmd, f"process {pid}{fork_note(pid, cmd)} is still running: {cmd}", pid))
         for ident, t in after.threads.items():
             if ident not in before.threads or before.threads[ident] is not t:
                 leaks.append(thread_leak(t))
@@ -451,13 +451,13 @@ def _close(owners: dict[int, list[socket.socket]], inodes: set[int]) -> set[int]
     return closed
 
 
-def _forked(pid: int, cmd: str) -> str:
+def fork_note(pid: int, cmd: str, whose: str = "this process") -> str:
     """`` (a fork of this process, running Worker.run)`` for a child that still runs this
     process's command line (multiprocessing's fork): what it runs is not what it says."""
     if cmd != procs.command_line(os.getpid()):
         return ""
     target = ownership.process_target(pid)
-    return f" (a fork of this process{f', running {target}' if target else ''})"
+    return f" (a fork of {whose}{f', running {target}' if target else ''})"
 
 
 def native_only(inodes: set[int]) -> set[int]:

@@ -357,7 +357,9 @@ def test_no_false_alarms_in_a_clean_suite_of_200_tests(pytester) -> None:
 def test_processes_a_rank_leaves_are_killed_and_named(pytester) -> None:
     pytester.makepyfile(
         test_rank_leak="""
+        import multiprocessing
         import subprocess
+        import threading
         import pytest
 
         @pytest.mark.multirank(world_size=2)
@@ -373,15 +375,29 @@ def test_processes_a_rank_leaves_are_killed_and_named(pytester) -> None:
         @pytest.mark.multirank(world_size=2)
         def test_allowed_to(rank):
             subprocess.Popen(["sleep", "301"])  # killed with its rank all the same, not reported
+
+        def serve_for_ever():
+            threading.Event().wait()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_forks(rank):
+            if rank == 0:
+                multiprocessing.get_context("fork").Process(target=serve_for_ever, daemon=False).start()
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=3, errors=1)
+    result.assert_outcomes(passed=4, errors=2)
     result.stdout.no_fnmatch_line("*sleep 301*")
     result.stdout.fnmatch_lines(
         [
             "test_rank_leak.py::test_spawns leaked (cleaned up before the next test):",
             "  rank 1 left process * running (killed): sleep 300",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_rank_leak.py::test_forks leaked (cleaned up before the next test):",
+            "  rank 0 left process * running (killed): * (a fork of the rank)",
         ]
     )
 

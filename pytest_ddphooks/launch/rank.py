@@ -26,6 +26,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from .. import blobs, coverage_relay, dump_signals, singletons
+from ..leaks import fork_note
 from ..recorder import Recorder, events
 from ..report import RankResult
 from ..schedule import Hold, ScheduleHook
@@ -185,7 +186,7 @@ def _kill_children() -> list[tuple[int, str]]:
             continue  # ended (an orphan that came to this rank to be reaped): nothing left
         command = procs.command_line(pid, settle=True)
         if singletons.known(_Left("process", command, pid)) is None:
-            found.append((pid, command))
+            found.append((pid, command + fork_note(pid, command, "the rank")))
     procs.kill_tree(os.getpid(), include_root=False)
     return found
 

@@ -470,21 +470,38 @@ def _native_owners() -> str:
     sockets no Python object owns (a ProcessGroupGloo kept in a global, a TCPStore)."""
     kinds = ownership.native_c10d_types()
     counts: dict[str, int] = {}
+    held_by: list[str] = []
     if kinds:
         seen: set[int] = set()
+
+        def count(obj: Any) -> bool:
+            if not isinstance(obj, kinds) or id(obj) in seen:
+                return False
+            seen.add(id(obj))
+            counts[type(obj).__name__] = counts.get(type(obj).__name__, 0) + 1
+            return True
+
         # looking at every object touches deprecated ones (torch's reduce_op warns when its
         # class is read): no warning of this walk is the test's, nor an error under -W error
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # where a module keeps one: a name to look for (a dict of only such objects is
+            # not even tracked by the garbage collector, whose walk below would miss it)
+            for module_name, module in list(sys.modules.items()):
+                for name, value in list(getattr(module, "__dict__", {}).items()):
+                    inside = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+                    with contextlib.suppress(Exception):
+                        if count(value) or sum(count(v) for v in list(inside)):
+                            held_by.append(f"{module_name}.{name}")
             for holder in gc.get_objects():
                 for obj in gc.get_referents(holder):
-                    if isinstance(obj, kinds) and id(obj) not in seen:
-                        seen.add(id(obj))
-                        counts[type(obj).__name__] = counts.get(type(obj).__name__, 0) + 1
+                    with contextlib.suppress(Exception):
+                        count(obj)
     if not counts:
         return "no Python object owns it"
     found = ", ".join(f"{n} {name} object{'s' if n > 1 else ''}" for name, n in sorted(counts.items()))
-    return f"still referenced: {found}"
+    where = f"; held in {', '.join(held_by[:3])}{' and more' if len(held_by) > 3 else ''}" if held_by else ""
+    return f"still referenced: {found}{where}"
 
 
 def destroy_groups(names: Iterable[str] | None = None) -> list[str]:

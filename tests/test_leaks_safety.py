@@ -88,7 +88,8 @@ def test_after():
             "*ERROR at teardown of test_keeps_groups*",
             "test_global.py::test_keeps_groups leaked what could not be cleaned up safely (left as it is):",
             "  socket listening on 127.0.0.1:* is still open: native code owns it (still referenced:"
-            " 2 ProcessGroupGloo objects): left open, as closing it from outside would crash that code",
+            " 2 ProcessGroupGloo objects; held in test_global.KEEP): left open, as closing it from outside would"
+            " crash that code",
         ]
     )
     result.stdout.no_fnmatch_line("*cleaned up before the next test*")
@@ -283,12 +284,19 @@ def test_finding_a_socket_s_owner_warns_nothing_even_under_w_error(pytester) -> 
 import torch.distributed as dist
 
 KEEP = []
+BY_NAME = {}  # a dict of such objects alone: the garbage collector does not even track it
 
 def test_keeps_a_store():
     KEEP.append(dist.TCPStore("127.0.0.1", 0, 1, True))
+
+def test_keeps_one_by_name():
+    BY_NAME["store"] = dist.TCPStore("127.0.0.1", 0, 1, True)
 """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
-    result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines(["*native code owns it (still referenced: 1 TCPStore object)*"])
+    result.assert_outcomes(passed=2, errors=2)
+    result.stdout.fnmatch_lines(
+        ["*native code owns it (still referenced: 2 TCPStore objects; held in test_store.KEEP, test_store.BY_NAME)*"]
+    )
+    result.stdout.fnmatch_lines(["*owns it (still referenced: 1 TCPStore object; held in test_store.KEEP)*"])
     result.stdout.no_fnmatch_line("*FutureWarning*")

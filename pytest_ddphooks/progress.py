@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .recorder import collectives, events
-from .recorder.clocks import collective_key
+from .recorder.clocks import collective_key, lanes_by_place
 
 
 @dataclass
@@ -75,10 +75,7 @@ class RankProgress:
         if state.placed is not None or not isinstance(info.get("rank"), int):
             return
         state.placed = int(info["rank"])
-        placed = {lane: st.placed for lane, st in self._ranks.items() if st.placed is not None}
-        lanes = {given: lane for lane, given in placed.items()}
-        identity = all(given == lane for lane, given in placed.items())
-        self._lanes = {} if identity or len(lanes) != len(placed) else lanes
+        self._lanes = lanes_by_place({lane: st.placed for lane, st in self._ranks.items() if st.placed is not None})
 
     def _of(self, rank: int) -> _Rank:
         state = self._ranks.get(rank)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import linecache
 import os
 import re
@@ -254,22 +255,16 @@ def rel_path(path: str) -> str:
 
 def format_stack(stack: ThreadStack, name: str) -> list[str]:
     lines = [f"{name} (most recent call last):"]
-    frames = list(reversed(trim_harness(stack.frames)))
-    i = 0
-    while i < len(frames):
-        frame = frames[i]
-        lines.append(f'  File "{rel_path(frame.path)}", line {frame.line}, in {frame.function}')
+    for frame, run in itertools.groupby(reversed(trim_harness(stack.frames))):
+        told = [f'  File "{rel_path(frame.path)}", line {frame.line}, in {frame.function}']
         src = frame.source()
         if src:
-            lines.append(f"    {src}")
-        same = 1
-        while i + same < len(frames) and frames[i + same] == frame:
-            same += 1
+            told.append(f"    {src}")
+        same = len(list(run))
         if same > 3:  # as Python's tracebacks tell a recursion: the frame once, then how often
-            lines.append(f"  [the same frame {same - 1} more times]")
-            i += same
+            lines.extend([*told, f"  [the same frame {same - 1} more times]"])
         else:
-            i += 1
+            lines.extend(told * same)
     if stack.cut:
         lines.append("  ... (the dump holds the innermost 100 frames: the outer ones are not known)")
     return lines

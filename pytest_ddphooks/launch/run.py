@@ -73,12 +73,17 @@ class RunWatch:
         self.launcher = launcher
         self.job = job
         # -s: the ranks' lines to this descriptor as they print them; live logging: the log
-        # records they ship, to pytest's live log
-        self._tails: list[LiveTail] = []
+        # records they ship, to pytest's live log; one thread follows both
+        sinks: dict[str, LineSink] = {}
         if job.live_output and live_fd is not None:
-            self._tails.append(LiveTail(job, terminal_sink(live_fd)))
+            sinks["out"] = sinks["err"] = terminal_sink(live_fd)
         if live_log is not None:
-            self._tails.append(LiveTail(job, live_log, kinds=(LIVE_LOG,)))
+            sinks[LIVE_LOG] = live_log
+        self._tail = (
+            LiveTail(job, lambda rank, kind, lines: sinks[kind](rank, kind, lines), kinds=tuple(sinks))
+            if sinks
+            else None
+        )
         # a rank wants a debugger (rank, the socket it listens on): the terminal is lent to it
         self.lend_terminal = lend_terminal
         self.grace = grace
@@ -108,8 +113,8 @@ class RunWatch:
         self._started = time.monotonic()
         self.report.started_ns = time.time_ns()
         self.pids, self.report.prepared = self.launcher.spawn(self.job)
-        for tail in self._tails:
-            tail.start()
+        if self._tail is not None:
+            self._tail.start()
         if self.job.holds:  # a schedule's holds are the harness's, not the test's time
             self.report.held_allowance = planned_seconds(self.job.holds)
         self._deadline = self._started + self.job.timeout + self.report.held_allowance
@@ -176,13 +181,13 @@ class RunWatch:
     def _on_note(self, note: protocol.Noted) -> None:
         if note.phase == "debug" and self.lend_terminal is not None:
             began = time.monotonic()
-            for tail in self._tails:
-                tail.paused.set()  # the debugger has the terminal: the other ranks' lines wait
+            if self._tail is not None:
+                self._tail.paused.set()  # the debugger has the terminal: the other ranks' lines wait
             try:
                 self.lend_terminal(note.rank, note.status)
             finally:
-                for tail in self._tails:
-                    tail.paused.clear()
+                if self._tail is not None:
+                    self._tail.paused.clear()
             # the time a person spent in the debugger is not the test's
             spent = time.monotonic() - began
             self._deadline += spent
@@ -382,9 +387,9 @@ class RunWatch:
         """What the run's ranks reported, output and recorded events included (once it is over)."""
         report, job = self.report, self.job
         report.duration = time.monotonic() - self._started
-        for tail in self._tails:
-            tail.stop()  # every rank ended: what they printed last reaches the terminal
-        self._tails = []
+        if self._tail is not None:
+            self._tail.stop()  # every rank ended: what they printed last reaches the terminal
+            self._tail = None
         for r in range(job.world_size):
             out, err = read_bytes(job.path(r, "out")), read_bytes(job.path(r, "err"))
             if out or err:

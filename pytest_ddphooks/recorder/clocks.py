@@ -163,11 +163,14 @@ def _pair(
     return inst
 
 
-def instances(by_rank: Mapping[int, Sequence[Event]]) -> dict[tuple[Any, ...], Instance]:
-    """Group the recorded collectives and sends/recvs of all ranks into instances."""
+def instances(
+    by_rank: Mapping[int, Sequence[Event]], lane: Callable[[Any], int] | None = None
+) -> dict[tuple[Any, ...], Instance]:
+    """Group the recorded collectives and sends/recvs of all ranks into instances (``lane``:
+    ``lanes_of(by_rank)``, where the caller has it already)."""
     found: dict[tuple[Any, ...], Instance] = {}
     world = tuple(sorted(by_rank))
-    lane = lanes_of(by_rank)
+    lane = lane or lanes_of(by_rank)
     for rank, evs in by_rank.items():
         open_starts: dict[int, Event] = {}
         of_call: dict[int, Instance] = {}  # call id -> its instance, for the wait of an async call
@@ -247,14 +250,24 @@ def lanes_of(by_rank: Mapping[int, Sequence[Event]]) -> Callable[[Any], int]:
                 if isinstance(given, int):
                     placed.setdefault(rank, given)
                     break
-    lane_of = {given: rank for rank, given in placed.items()}
-    if len(lane_of) != len(placed) or all(given == rank for rank, given in placed.items()):
-        return int  # the usual case, or lanes that disagree on their places: as recorded
+    lane_of = lanes_by_place(placed)
+    if not lane_of:
+        return int
 
     def lane(group_rank: Any) -> int:
         return lane_of.get(int(group_rank), int(group_rank))
 
     return lane
+
+
+def lanes_by_place(placed: Mapping[int, int]) -> dict[int, int]:
+    """Group rank -> lane, from each lane's place in the default group (lane -> group rank);
+    empty in the usual case (they are the same) and where lanes disagree on their places
+    (two claim one): ranks are then taken as recorded."""
+    lane_of = {given: lane for lane, given in placed.items()}
+    if len(lane_of) != len(placed) or all(given == lane for lane, given in placed.items()):
+        return {}
+    return lane_of
 
 
 class Clocks:

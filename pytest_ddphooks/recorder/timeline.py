@@ -151,7 +151,7 @@ class Timeline:
 
     @cached_property
     def instances(self) -> dict[tuple[Any, ...], Instance]:
-        return instances(self._by_rank)
+        return instances(self._by_rank, self.lane_of)
 
     @cached_property
     def lane_of(self) -> Callable[[Any], int]:

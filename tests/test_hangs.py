@@ -454,6 +454,54 @@ def test_desync_without_a_hang_still_fails(inner) -> None:
     assert ran.seconds < 15
 
 
+def test_a_message_larger_than_its_receive_is_a_desync_through_any_receive_and_a_smaller_one_none(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        def receive(how, buffer):
+            if how == "recv":
+                dist.recv(buffer, src=0)
+            elif how == "irecv":
+                dist.irecv(buffer, src=0).wait()
+            else:
+                for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, buffer, 0)]):
+                    work.wait()
+
+        @pytest.mark.multirank(world_size=2, timeout=20)
+        @pytest.mark.parametrize("how", ["recv", "irecv", "batch"])
+        def test_sizes(rank, how):
+            if rank == 0:
+                dist.send(torch.ones(2), dst=1)  # the first message fits
+                dist.send(torch.ones(5), dst=1)
+            else:
+                receive(how, torch.zeros(3))
+                receive(how, torch.zeros(3))
+
+        @pytest.mark.multirank(world_size=2, timeout=20)
+        def test_fits(rank):
+            # gloo takes a message into a larger buffer, whatever the dtypes: no mismatch
+            if rank == 0:
+                dist.send(torch.ones(2, dtype=torch.float64), dst=1)
+            else:
+                buffer = torch.zeros(4)
+                dist.recv(buffer, src=0)
+                assert buffer.view(torch.float64).tolist() == [1.0, 1.0]
+        """
+    )
+    ran.result.assert_outcomes(failed=3, passed=1)
+    assert sum(line.startswith("desync: ") for line in ran.text.splitlines()) == 3
+    for how in ("recv", "irecv", "batch"):
+        ran.lines(
+            f"_* test_sizes[[]{how}[]] _*",
+            "desync: send/recv 0->1 on the default group: rank 0 send(float32[5]) of 20 bytes,"
+            " rank 1 recv(float32[3]) into 12 bytes: gloo aborts a receive whose message is larger than its buffer",
+        )
+    assert ran.seconds < 15
+
+
 def test_matching_collectives_report_no_desync(inner) -> None:
     ran = inner(
         """

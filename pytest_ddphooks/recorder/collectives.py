@@ -193,6 +193,28 @@ def payload_elements(payload: Any) -> tuple[tuple[str, int], ...] | Any:
     return tuple(items * times)
 
 
+# bytes per element of the dtypes a payload text names (torch's names, without "torch.")
+_ITEM_BYTES = {
+    **dict.fromkeys(("bool", "uint8", "int8", "float8_e4m3fn", "float8_e5m2", "quint8", "qint8"), 1),
+    **dict.fromkeys(("int16", "uint16", "float16", "bfloat16"), 2),
+    **dict.fromkeys(("int32", "uint32", "float32", "qint32"), 4),
+    **dict.fromkeys(("int64", "uint64", "float64", "complex64"), 8),
+    "complex128": 16,
+}
+
+
+def payload_bytes(payload: Any) -> int | None:
+    """How many bytes a payload's tensors hold (None: not tensors, or a dtype of unknown size):
+    what gloo compares of a send and the receive it meets."""
+    elements = payload_elements(payload)
+    if not isinstance(elements, tuple) or not elements:
+        return None
+    sizes = [_ITEM_BYTES.get(dtype) for dtype, _ in elements]
+    if None in sizes:
+        return None
+    return sum(int(size) * n for size, (_, n) in zip(sizes, elements, strict=True) if size is not None)
+
+
 def no_elements(payload: Any) -> bool:
     """The payload is tensors with no element at all (``float32[0]``, ``[int64[0,4] x2]``)."""
     elements = payload_elements(payload)

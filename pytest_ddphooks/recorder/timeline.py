@@ -69,6 +69,8 @@ class Mismatch:
     seq: int
     calls: Mapping[int, str | None]  # rank -> signature, None when the rank never entered it
     group_ranks: tuple[int, ...]
+    what: str = ""  # what it is, where not "collective #seq" (a send and its receive)
+    why: str = ""  # why the backend takes the calls as a mismatch, where it is not plain
 
     def __str__(self) -> str:
         label = collectives.group_label(self.group, list(self.group_ranks) if self.group != "default" else None)
@@ -76,7 +78,8 @@ class Mismatch:
         for rank in sorted(self.calls):
             call = self.calls[rank]
             parts.append(f"rank {rank} {call}" if call else f"rank {rank} never entered it")
-        return f"collective #{self.seq} on {label}: " + ", ".join(parts)
+        text = f"{self.what or f'collective #{self.seq}'} on {label}: " + ", ".join(parts)
+        return f"{text}: {self.why}" if self.why else text
 
 
 def parse_selector(selector: str) -> tuple[str, tuple[int, ...] | None]:
@@ -583,7 +586,8 @@ class Timeline:
             self._fail("\n".join(str(nb) for nb in found))
 
     def collective_mismatches(self) -> list[Mismatch]:
-        """Per group, the first collective where the members called different things."""
+        """Per group, the first collective where the members called different things; and
+        each receive that met a message larger than its buffer (gloo aborts it)."""
         by_group: dict[str, list[Instance]] = {}
         for inst in self.instances.values():
             if inst.key[0] == "c":
@@ -598,6 +602,45 @@ class Timeline:
                     out.append(Mismatch(group, inst.seq, calls, inst.members))
                     break
         out.sort(key=lambda m: (m.seq, m.group))
+        return out + self._oversized_messages()
+
+    def _oversized_messages(self) -> list[Mismatch]:
+        """Receives whose message holds more bytes than their buffer: gloo aborts such a
+        receive. A receive paired as it returned (an irecv) has its message; one that never
+        returned waited for the first message from its source that no receive took yet."""
+        received = {(r, e.call_id): i for i in self.instances.values() if i.key[0] == "p" for r, e in i.ends.items()}
+        out = []
+        for span in self._spans:
+            info = span.start.info
+            if span.kind != events.P2P or info.get("sync") != collectives.RECV:
+                continue
+            message = received.get((span.rank, span.start.call_id))
+            if message is None and span.end is None and info.get("src") is not None:
+                wanted = ("p", info.get("group"), self.lane_of(info["src"]), span.rank, info.get("tag", 0))
+                pending = [
+                    inst
+                    for key, inst in self.instances.items()
+                    if key[:5] == wanted and span.rank not in inst.ends and wanted[2] in inst.starts
+                ]
+                message = min(pending, key=lambda i: i.seq, default=None)
+            if message is None or message.key[2] not in message.starts:
+                continue
+            src = message.key[2]
+            sent = message.starts[src].info.get("payload")
+            held, need = collectives.payload_bytes(info.get("payload")), collectives.payload_bytes(sent)
+            if held is None or need is None or need <= held:
+                continue
+            calls = {src: f"send({sent}) of {need} bytes", span.rank: f"recv({info.get('payload')}) into {held} bytes"}
+            out.append(
+                Mismatch(
+                    message.group,
+                    message.seq,
+                    calls,
+                    message.members,
+                    what=f"send/recv {src}->{span.rank}",
+                    why="gloo aborts a receive whose message is larger than its buffer",
+                )
+            )
         return out
 
     def entered_in_different_hooks(self) -> str | None:

@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from .job import Job
 from .procs import retire
@@ -48,13 +49,24 @@ class RankOutput:
 LineSink = Callable[[int, str, list[bytes]], None]  # (rank, file kind, whole lines)
 
 
+class FollowedFiles(Protocol):
+    """What ``LiveTail`` follows: a run's files (a ``Job``), or any other rank-numbered set."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    def path(self, rank: int, what: str) -> str: ...
+
+
 class LiveTail:
     """The lines a run's ranks write to their ``kinds`` of file, as they write them: read every
     ``every`` seconds and handed to ``sink`` (a line still being written waits for its end, or
     for the run's). ``-s`` follows stdout and stderr onto the terminal (``terminal_sink``);
     live logging follows the records each rank ships."""
 
-    def __init__(self, job: Job, sink: LineSink, kinds: tuple[str, ...] = ("out", "err"), every: float = 0.02) -> None:
+    def __init__(
+        self, job: FollowedFiles, sink: LineSink, kinds: tuple[str, ...] = ("out", "err"), every: float = 0.02
+    ) -> None:
         self.job = job
         self.sink = sink
         self.kinds = kinds

@@ -92,7 +92,7 @@ def following_special(config: pytest.Config, folder: str, env: dict[str, str]) -
         return
     file = os.path.join(folder, LIVE_LOG)
     env[LIVE_LOG_ENV] = file
-    tail = LiveTail(_OneFile(file), sink, kinds=(LIVE_LOG,))  # type: ignore[arg-type]
+    tail = LiveTail(_OneFile(file), sink, kinds=(LIVE_LOG,))
     tail.start()
     try:
         yield

@@ -225,7 +225,11 @@ def _blocked(span: Span, timeline: Timeline, now_ns: int) -> Blocked:
     if info.get("sync") in (collectives.SEND, collectives.RECV):
         peer = info.get("dst") if info.get("sync") == collectives.SEND else info.get("src")
         return Blocked(
-            op, waited=waited, in_wait=in_wait, peer=None if peer is None else timeline.lane_of(peer), thread=thread
+            op,
+            waited=waited,
+            in_wait=in_wait,
+            peer=None if peer is None else timeline.lane_of(peer, span.start),
+            thread=thread,
         )
     if not info.get("effective", True):
         return Blocked(op, waited=waited, no_group=True, thread=thread)

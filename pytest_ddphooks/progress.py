@@ -35,7 +35,7 @@ class _Rank:
     joins: dict[str, int] = field(default_factory=dict)  # init_process_group / new_group -> calls started
     exchanges: int = 0  # timeline() calls started
     in_exchange: int = 0  # the timeline() call it is inside, 0 when none
-    placed: int | None = None  # its rank in the default group, as its init_process_group returned
+    placed: int | None = None  # its rank in the default group, as its latest init_process_group returned
     count: int = 0  # events recorded
 
 
@@ -71,8 +71,9 @@ class RankProgress:
 
     def _placed(self, state: _Rank, info: dict[str, Any]) -> None:
         """A rank's init_process_group returned its place: lanes and group ranks differ only
-        where the code under test chose them (``rank=1 - RANK``)."""
-        if state.placed is not None or not isinstance(info.get("rank"), int):
+        where the code under test chose them (``rank=1 - RANK``); a group initialised again
+        may place it anew, and what a live rank waits in is of its latest group."""
+        if not isinstance(info.get("rank"), int) or info["rank"] == state.placed:
             return
         state.placed = int(info["rank"])
         self._lanes = lanes_by_place({lane: st.placed for lane, st in self._ranks.items() if st.placed is not None})

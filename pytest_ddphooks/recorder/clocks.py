@@ -13,7 +13,7 @@ synchronisation really enforced.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,14 +148,16 @@ def op_of(e: Event) -> str:
 
 def _pair(
     found: dict[tuple[Any, ...], Instance],
-    lane: Callable[[Any], int],
-    call: Mapping[str, Any],
+    lane: Lanes,
+    at: Event,
     src_seq: Mapping[str, Any],
 ) -> Instance:
     """The send/recv instance of the seq-th message from src to dst with this tag: the group,
-    the destination and the tag as ``call`` names them, the source and its message number as
-    ``src_seq`` does (a receive learns them as it returns); ranks taken to their lanes."""
-    group, src, dst = call["group"], lane(src_seq["src"]), lane(call["dst"])
+    the destination and the tag as the call's start ``at`` names them, the source and its
+    message number as ``src_seq`` does (a receive learns them as it returns); ranks taken to
+    their lanes."""
+    call = at.info
+    group, src, dst = call["group"], lane(src_seq["src"], at), lane(call["dst"], at)
     key = ("p", group, src, dst, call.get("tag", 0), src_seq["seq"])
     inst = found.get(key)
     if inst is None:
@@ -163,9 +165,7 @@ def _pair(
     return inst
 
 
-def instances(
-    by_rank: Mapping[int, Sequence[Event]], lane: Callable[[Any], int] | None = None
-) -> dict[tuple[Any, ...], Instance]:
+def instances(by_rank: Mapping[int, Sequence[Event]], lane: Lanes | None = None) -> dict[tuple[Any, ...], Instance]:
     """Group the recorded collectives and sends/recvs of all ranks into instances (``lane``:
     ``lanes_of(by_rank)``, where the caller has it already)."""
     found: dict[tuple[Any, ...], Instance] = {}
@@ -202,13 +202,13 @@ def instances(
                             op_of(e),
                             sync,
                             str(e.info["group"]),
-                            tuple(lane(m) for m in members),
-                            None if root is None else lane(root),
+                            tuple(lane(m, e) for m in members),
+                            None if root is None else lane(root, e),
                         )
                     inst.starts[rank] = e
                     of_call[e.call_id] = inst
                 elif e.kind == events.P2P and e.info.get("sync") == collectives.SEND and e.info.get("seq"):
-                    inst = _pair(found, lane, e.info, e.info)
+                    inst = _pair(found, lane, e, e.info)
                     inst.starts[rank] = e
                     of_call[e.call_id] = inst
             else:
@@ -228,36 +228,51 @@ def instances(
                     elif found_inst is not None:
                         found_inst.ends[rank] = e
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.SEND and start.info.get("seq"):
-                    sent = _pair(found, lane, start.info, start.info)
+                    sent = _pair(found, lane, start, start.info)
                     sent.ends[rank] = e  # an isend never waited is named, as an irecv is
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq"):
-                    inst = _pair(found, lane, start.info, e.info)
+                    inst = _pair(found, lane, start, e.info)
                     inst.ends[rank] = e
                     of_call[e.call_id] = inst
     return found
 
 
-def lanes_of(by_rank: Mapping[int, Sequence[Event]]) -> Callable[[Any], int]:
+class Lanes:
     """The lane of a rank of the default group, as collectives name ranks (roots, peers, a
     sub-group's members). A lane is the recorder's rank, which is the group's unless the code
     under test initialised the group with ranks of its own (``rank=1 - RANK``): then each
-    lane's place in the group is what its ``init_process_group`` returned."""
-    placed: dict[int, int] = {}
-    for rank, evs in by_rank.items():
-        for e in evs:
-            if e.kind == events.GROUP and e.phase == events.END and e.name.endswith("init_process_group"):
-                given = e.info.get("rank")
-                if isinstance(given, int):
-                    placed.setdefault(rank, given)
-                    break
-    lane_of = lanes_by_place(placed)
-    if not lane_of:
-        return int
+    lane's place in the group is what its ``init_process_group`` returned. A group destroyed
+    and initialised again may place the lanes anew: a rank named by an event is read with the
+    places of the group the event's rank had initialised last before it."""
 
-    def lane(group_rank: Any) -> int:
+    def __init__(self, by_rank: Mapping[int, Sequence[Event]]) -> None:
+        inits: dict[int, list[tuple[int, int | None]]] = {}  # rank -> (event index, its place), in order
+        for rank, evs in by_rank.items():
+            for e in evs:
+                if e.kind == events.GROUP and e.phase == events.END and e.name.endswith("init_process_group"):
+                    given = e.info.get("rank")
+                    inits.setdefault(rank, []).append((e.index, given if isinstance(given, int) else None))
+        self._inits = {rank: [index for index, _ in found] for rank, found in inits.items()}
+        # the k-th group every rank initialised is one group: its places, lane -> group rank
+        rounds = max((len(found) for found in inits.values()), default=0)
+        self._by_round = [
+            lanes_by_place({r: found[k][1] for r, found in inits.items() if k < len(found) and found[k][1] is not None})
+            for k in range(rounds)
+        ]
+        self.chosen = any(self._by_round)  # some group placed a lane elsewhere than its rank
+
+    def __call__(self, group_rank: Any, at: Event | None = None) -> int:
+        """The lane of ``group_rank`` as ``at`` named it (no event: as the first group placed them)."""
+        if not self.chosen:
+            return int(group_rank)
+        k = 0 if at is None else bisect_right(self._inits.get(at.rank, []), at.index) - 1
+        lane_of = self._by_round[k] if 0 <= k < len(self._by_round) else {}
         return lane_of.get(int(group_rank), int(group_rank))
 
-    return lane
+
+def lanes_of(by_rank: Mapping[int, Sequence[Event]]) -> Lanes:
+    """The lanes of the ranks a recorded event names (see ``Lanes``)."""
+    return Lanes(by_rank)
 
 
 def lanes_by_place(placed: Mapping[int, int]) -> dict[int, int]:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from ..errors import DdpHooksWarning
 from . import collectives, events, export
-from .clocks import Clocks, Instance, instances, lanes_of, op_of
+from .clocks import Clocks, Instance, Lanes, instances, lanes_of, op_of
 from .events import Event, RawEvent, to_events
 
 
@@ -157,8 +157,9 @@ class Timeline:
         return instances(self._by_rank, self.lane_of)
 
     @cached_property
-    def lane_of(self) -> Callable[[Any], int]:
-        """The rank (lane) of a rank of the default group as a call named it (a root, a peer)."""
+    def lane_of(self) -> Lanes:
+        """The rank (lane) of a rank of the default group as a call named it (a root, a peer);
+        ``lane_of(rank, event)``: as that event named it."""
         return lanes_of(self._by_rank)
 
     @cached_property
@@ -616,7 +617,7 @@ class Timeline:
                 continue
             message = received.get((span.rank, span.start.call_id))
             if message is None and span.end is None and info.get("src") is not None:
-                wanted = ("p", info.get("group"), self.lane_of(info["src"]), span.rank, info.get("tag", 0))
+                wanted = ("p", info.get("group"), self.lane_of(info["src"], span.start), span.rank, info.get("tag", 0))
                 pending = [
                     inst
                     for key, inst in self.instances.items()

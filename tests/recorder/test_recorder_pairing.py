@@ -344,12 +344,20 @@ def test_ranks_the_code_under_test_chose_itself_are_ordered_by_the_lane_they_ran
     """``init_process_group(rank=...)`` with ranks other than the launcher's: a root, a peer
     and a sub-group's members are named by group rank; the timeline's lanes are the
     launcher's. A broadcast's root was once taken for the other lane, and the order the
-    broadcast gives was proven backwards."""
+    broadcast gives was proven backwards. A group initialised before, with places of its own
+    and destroyed, changes nothing: each group's ranks are read with its own places (they
+    were once read with the first group's)."""
     result = run(
         pytester,
         """
 @pytest.mark.multirank(world_size=3, init_process_group=False)
-def test_rotated(rank, recorder):
+@pytest.mark.parametrize("before", [None, "identity", "reversed"])
+def test_rotated(rank, recorder, shared_tmp_path, before):
+    if before is not None:
+        place = rank if before == "identity" else 2 - rank
+        dist.init_process_group("gloo", init_method=f"file://{shared_tmp_path}/first", rank=place, world_size=3)
+        dist.barrier()
+        dist.destroy_process_group()
     dist.init_process_group("gloo", rank=(rank + 1) % 3, world_size=3)
     me = dist.get_rank()
     lane_of = {(r + 1) % 3: r for r in range(3)}
@@ -380,17 +388,23 @@ def test_rotated(rank, recorder):
 
 
 @pytest.mark.multirank(world_size=2, init_process_group=False, timeout=60)
-def test_rotated_stall(rank):
+@pytest.mark.parametrize("before", [False, True])
+def test_rotated_stall(rank, shared_tmp_path, before):
+    if before:  # a group of the launcher's places first
+        dist.init_process_group("gloo", init_method=f"file://{shared_tmp_path}/first", rank=rank, world_size=2)
+        dist.destroy_process_group()
     dist.init_process_group("gloo", rank=1 - rank, world_size=2)
     if dist.get_rank() == 0:
         dist.recv(torch.ones(1), src=1)  # group rank 1 leaves without sending
 """,
     )
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=3, failed=2)
     # group rank 0 is lane 1: it waits for lane 0, which finished
-    result.stdout.fnmatch_lines(
-        [
-            "*rank 0 finished the test without a send to rank 1; rank 1 waits in recv from rank 0",
-            "*rank 1: blocked in recv (peer 0) for*",
-        ]
-    )
+    for before in ("False", "True"):
+        result.stdout.fnmatch_lines(
+            [
+                f"*_ test_rotated_stall[[]{before}[]] _*",
+                "*rank 0 finished the test without a send to rank 1; rank 1 waits in recv from rank 0",
+                "*rank 1: blocked in recv (peer 0) for*",
+            ]
+        )

@@ -36,8 +36,9 @@ def _aligned(inst: Instance) -> bool:
     return inst.key[0] in ("c", "m") and len(inst.members) > 1 and inst.complete and inst.consistent
 
 
-def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
-    """The text of one event in its lane, or None when it is not drawn."""
+def _cell(e: Event, ended: set[tuple[int, int]], noop: set[tuple[int, int]]) -> str | None:
+    """The text of one event in its lane, or None when it is not drawn (``ended``, ``noop``:
+    (rank, call id) of the calls that returned, of the no-op barriers)."""
     tag = f"[t{e.lane}] " if e.lane else ""
     if e.kind in (events.CALL, events.BARRIER):
         if e.phase == events.START:
@@ -45,7 +46,7 @@ def _cell(e: Event, ended: set[tuple[int, int]]) -> str | None:
         suffix = ""
         if "error" in e.info:
             suffix = " (raised)"
-        elif e.kind == events.BARRIER and not e.info.get("collectives", 1):
+        elif e.kind == events.BARRIER and (e.rank, e.call_id) in noop:
             suffix = " (no-op)"
         return f"{tag}< {e.name}{suffix}"
     if e.kind == events.MARK:
@@ -93,6 +94,8 @@ def _layout(timeline: Timeline) -> _Grid:
     ranks = timeline.ranks
     lanes = {r: timeline.for_rank(r) for r in ranks}
     ended = {(e.rank, e.call_id) for r in ranks for e in lanes[r] if e.phase == events.END}
+    noop_at = {(nb.rank, nb.index) for nb in timeline.noop_barriers()}
+    noop = {(e.rank, e.call_id) for r in ranks for e in lanes[r] if (e.rank, e.index) in noop_at}
     aligned = {
         (r, e.index): inst for inst in timeline.instances.values() if _aligned(inst) for r, e in inst.starts.items()
     }
@@ -117,14 +120,14 @@ def _layout(timeline: Timeline) -> _Grid:
                         break  # this lane waits for the other members to reach it
                     row = max(next_row[m] for m in inst.members)
                     for m in inst.members:
-                        grid.put(row, m, _cell(inst.starts[m], ended) or "")
+                        grid.put(row, m, _cell(inst.starts[m], ended, noop) or "")
                         grid.sync_cells.add((row, m))
                         next_row[m] = row + 1
                         ptr[m] += 1
                         remaining -= 1
                     collective_rows.add(row)  # the collective's: a rank outside it draws on others
                 else:
-                    text = _cell(e, ended)
+                    text = _cell(e, ended, noop)
                     if text is not None:
                         while next_row[r] in collective_rows:
                             next_row[r] += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -306,14 +307,6 @@ class Timeline:
             lines.append(f"and no collective connects them; before event #{y.start.index} rank {y.rank} passed:")
             for inst in passed[-4:]:
                 lines.append("  " + self._describe_passage(inst, x, y))
-            after = [i.starts[x.rank] for i in passed if x.rank in i.starts and i.starts[x.rank].index > x.end.index]
-            if after and all(e.lane != x.end.lane for e in after):
-                names = [self.lanes.get((x.rank, lane)) or f"lane {lane}" for lane in (x.end.lane, after[0].lane)]
-                lines.append(
-                    f"{x.name} ran on thread {names[0]} of rank {x.rank}, those collectives on thread {names[1]}:"
-                    " what orders threads of one process (a join, a lock, a queue) is not recorded, so they do not"
-                    f" order {x.name}"
-                )
         for nb in self.noop_barriers():
             if (nb.rank == y.rank and nb.index < y.start.index) or (nb.rank == x.rank and nb.index > x.start.index):
                 lines.append(str(nb))
@@ -406,6 +399,13 @@ class Timeline:
             return (
                 f"{label}, which rank {','.join(str(r) for r in native)} issued from native code ({api}):"
                 " its completion cannot be seen, so it orders nothing"
+            )
+        if start.lane != x.end.lane:
+            threads = [self.lanes.get((x.rank, lane)) or f"lane {lane}" for lane in (start.lane, x.end.lane)]
+            return (
+                f"{label}, which rank {x.rank} entered on thread {threads[0]} (event #{start.index}), not on"
+                f" {threads[1]}, where {x.name} ran: what orders threads of one process (a join, a lock, a queue)"
+                " is not recorded, so it does not order them"
             )
         if start.index < x.end.index:
             return f"{label}, which rank {x.rank} entered at event #{start.index}, before {x.name} ended"
@@ -532,6 +532,8 @@ class Timeline:
             if s.kind != events.BARRIER or s.end is None:
                 continue
             if not s.end.info.get("collectives", 1):
+                if self._completed_on_other_threads(s):
+                    continue  # it had another thread synchronise for it, and waited for that
                 if not s.start.info.get("group_existed", True):
                     reason = "issued no collective: no process group existed"
                 else:
@@ -555,6 +557,32 @@ class Timeline:
             and inst.starts[barrier.rank].lane == barrier.start.lane
             and barrier.start.index < inst.starts[barrier.rank].index < barrier.end.index
         ]
+
+    def _completed_on_other_threads(self, barrier: Span) -> bool:
+        """Another thread of the rank entered a collective after the barrier began and completed
+        it before the barrier returned (``Thread(target=dist.barrier)``, started and joined)."""
+        assert barrier.end is not None
+        begun, returned = barrier.start.index, barrier.end.index
+        calls = self._completed_calls.get(barrier.rank, [])
+        for entered, lane, done in calls[bisect_right(calls, (begun, 1 << 62, 0)) :]:
+            if entered >= returned:
+                break
+            if lane != barrier.start.lane and done < returned:
+                return True
+        return False
+
+    @cached_property
+    def _completed_calls(self) -> dict[int, list[tuple[int, int, int]]]:
+        """Rank -> (index entered, lane, index completed) of each collective it completed, in order."""
+        out: dict[int, list[tuple[int, int, int]]] = {}
+        for inst in self.instances.values():
+            for rank, start in inst.starts.items():
+                done = inst.completion(rank)
+                if done is not None:
+                    out.setdefault(rank, []).append((start.index, start.lane, done.index))
+        for calls in out.values():
+            calls.sort()
+        return out
 
     def _only_unwaited(self, barrier: Span) -> bool:
         inside = self._inside(barrier)

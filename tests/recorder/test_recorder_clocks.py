@@ -471,8 +471,35 @@ def test_a_claim_refused_because_of_threads_says_so() -> None:
     tl = sim.timeline()
     with pytest.raises(TimelineAssertionError) as failed:
         tl.assert_happens_before("worker_step@0", "after@1")
-    assert "worker_step ran on thread lane 1 of rank 0, those collectives on thread" in str(failed.value)
-    assert "what orders threads of one process (a join, a lock, a queue) is not recorded" in str(failed.value)
+    assert (
+        "barrier #1 on the default group (issued in wait_for_everyone), which rank 0 entered on thread lane 0"
+        " (event #3), not on lane 1, where worker_step ran: what orders threads of one process (a join, a lock,"
+        " a queue) is not recorded, so it does not order them"
+    ) in str(failed.value)
+
+
+def test_a_collective_entered_on_another_thread_before_the_event_ended_is_said_to_be_on_that_thread() -> None:
+    # the collective began first, on a worker thread: "entered before x ended" would suggest it
+    # could have ordered x had it come later, and it could not
+    sim = Sim(2)
+    worker = sim.cstart(0, "barrier", lane=1)
+    sim.call(0, "x")
+    main = sim.cstart(1, "barrier")
+    sim.cend(worker)
+    sim.cend(main)
+    sim.mark(1, "after")
+    tl = sim.timeline()
+    with pytest.raises(TimelineAssertionError) as failed:
+        tl.assert_happens_before("x@0", "after@1")
+    text = str(failed.value)
+    assert "barrier #1 on the default group, which rank 0 entered on thread lane 1 (event #0), not on lane 0" in text
+    assert "before x ended" not in text
+    # the same collective on x's own thread after it: an order
+    sim = Sim(2)
+    sim.call(0, "x")
+    sim.coll("barrier")
+    sim.mark(1, "after")
+    sim.timeline().assert_happens_before("x@0", "after@1")
 
 
 def test_called_once_of_a_name_with_an_at_says_how_to_select_it() -> None:

@@ -7,9 +7,9 @@ ranks' ``setup``; timestamps saying so are not enough.
 from __future__ import annotations
 
 import pytest
-from synth import Sim
+from synth import Handle, Sim
 
-from pytest_ddphooks.recorder import NoopBarrier, TimelineAssertionError
+from pytest_ddphooks.recorder import NoopBarrier, TimelineAssertionError, events
 
 
 def scenario(world: int = 2, *, collective: bool = True, group_existed: bool = True, barrier: bool = True) -> Sim:
@@ -150,6 +150,36 @@ def test_assert_no_noop_barriers_fires_and_is_silent() -> None:
         " the process group existed but no collective was called"
     )
     assert first[1].startswith("no-op barrier: 'fake' on rank 1")
+
+
+def _barrier_through_a_worker_thread(sim: Sim, rank: int, *, before: bool = False, after: bool = False) -> Handle:
+    """A framework barrier whose collective a worker thread (lane 1) runs; ``before``: the
+    worker entered it before the barrier began, ``after``: completed it after it returned."""
+    if before:
+        worker = sim.cstart(rank, "barrier", lane=1)
+    outer = sim.start(rank, "barrier", events.BARRIER, {"qualname": "Strategy.barrier"})
+    if not before:
+        worker = sim.cstart(rank, "barrier", lane=1)
+    if not after:
+        sim.cend(worker)
+    sim.end(outer, {"collectives": 0})  # none on the barrier's own thread
+    return worker
+
+
+@pytest.mark.parametrize(("before", "after"), [(False, False), (True, False), (False, True)])
+def test_a_barrier_a_worker_thread_synchronised_for_is_no_noop(before: bool, after: bool) -> None:
+    sim = Sim(2)
+    late = [_barrier_through_a_worker_thread(sim, rank, before=before, after=after) for rank in range(2)]
+    if after:
+        for worker in late:
+            sim.cend(worker)
+    found = sim.timeline().noop_barriers()
+    if before or after:  # not the barrier's doing, or not waited for by it
+        assert [nb.rank for nb in found] == [0, 1]
+        assert found[0].reason == "issued no collective: the process group existed but no collective was called"
+    else:
+        assert found == []
+        sim.timeline().assert_no_noop_barriers()
 
 
 def test_a_barrier_that_never_returned_is_not_called_a_noop() -> None:

@@ -102,6 +102,37 @@ def test_thread(rank, recorder):
     result.assert_outcomes(passed=1)
 
 
+def test_a_collective_another_thread_counted_already_is_no_unseen_call(pytester) -> None:
+    """A thread's all-reduce has moved the group's counter when the main thread's begins: that
+    move was once taken for a call the recorder did not see, and the flight recorder's entry of
+    the thread's own all-reduce was added again as a native call."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+def test_two_threads(rank, recorder):
+    x = torch.ones(1)
+    if rank == 0:
+        worker = threading.Thread(target=dist.all_reduce, args=(torch.ones(1),))
+        worker.start()
+        group = dist.distributed_c10d._get_default_group()
+        while group._get_sequence_number_for_group() < 1:  # the worker's call has counted
+            time.sleep(0.005)
+        dist.all_reduce(x)
+        worker.join()
+    else:
+        dist.all_reduce(x)
+        dist.all_reduce(x)
+    tl = recorder.timeline()
+    calls = [e for e in tl.for_rank(0) if e.name == "dist.all_reduce" and e.phase == "start"]
+    assert len(calls) == 2 and not any(e.info.get("native") for e in calls)
+    assert "(native)" not in tl.swimlanes()
+    assert not any(e.info.get("unseen") for e in tl.for_rank(0))  # no call counted as unseen
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
 def test_a_group_created_again_under_its_old_name_starts_a_sequence_of_its_own(pytester) -> None:
     result = run(
         pytester,

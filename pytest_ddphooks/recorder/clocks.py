@@ -183,6 +183,8 @@ def instances(by_rank: Mapping[int, Sequence[Event]], lane: Lanes | None = None)
                         waiting[e.call_id] = waited
                         if e.info.get("future"):
                             waited.handed.add(rank)
+                        else:  # a wait from Python, perhaps for the future it was handed to
+                            waited.handed.discard(rank)
                 elif e.call_id in waiting:
                     waiting.pop(e.call_id).waits[rank] = e
                 continue

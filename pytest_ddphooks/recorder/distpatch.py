@@ -39,6 +39,7 @@ from .log import group_counter as _counter
 
 _C10D = "torch.distributed.distributed_c10d"
 _FUNCOL = "torch.distributed._functional_collectives"
+_FUTURES = "torch.futures"
 _MARK = "__ddphooks_original__"
 
 warnsite.skip_frames_of(__file__)  # a warning inside a wrapper names its caller
@@ -66,7 +67,7 @@ _NON_GROUP_MEMBER: Any = object()
 
 def install() -> None:
     """Record torch.distributed calls from now on: patch now if loaded, else as it loads."""
-    for name in (_C10D, _FUNCOL):
+    for name in _PATCHERS:
         module = sys.modules.get(name)
         # every rank activates a recorder: a module patched already is not walked again
         if module is not None and _patched.get(name) is not module:
@@ -692,6 +693,15 @@ def _patch_methods(c10d_c: types.ModuleType) -> None:
     original = getattr(work, "get_future", None)
     if original is not None and not hasattr(original, _MARK):
         work.get_future = _wrap_wait(original, _awaitable, future=True)
+    original = getattr(work, "is_completed", None)
+    if original is not None and not hasattr(original, _MARK):
+        work.is_completed = _wrap_poll(original, _awaitable)
+    # a future a call was handed to, waited for (or found done) from Python: the call completes
+    future = getattr(sys.modules.get("torch._C"), "Future", None)
+    for method, wrap in (("wait", _wrap_wait), ("done", _wrap_poll)):
+        original = getattr(future, method, None)
+        if original is not None and not hasattr(original, _MARK):
+            setattr(future, method, wrap(original, _the_future))
 
 
 def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -778,11 +788,56 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
             call = Call(_static_wait_info(rec, static, future))
             call.static, call.numbered = call.info, _WAITED
             call.info = {**call.static, "seq": issued["seq"], "of": of}
-        return run_recorded(rec, events.WAIT, name + suffix, call, original, (awaited, *args), kwargs)
+        result = run_recorded(rec, events.WAIT, name + suffix, call, original, (awaited, *args), kwargs)
+        if future:
+            rec.handed(result, of, name, issued, static)
+        return result
 
     functools.update_wrapper(wait, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wait, _MARK, original)
     return wait
+
+
+def _the_future(future: Any) -> Any:
+    return future
+
+
+def _patch_futures(futures: types.ModuleType) -> None:
+    original = getattr(futures, "wait_all", None)
+    if original is not None and not hasattr(original, _MARK):
+        futures.wait_all = _wrap_wait_all(original)  # type: ignore[attr-defined]
+
+
+def _wrap_wait_all(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.futures.wait_all``: it waits in C++ (on futures of its own); once it returned,
+    every future it was given is complete, as if each had been waited for."""
+    completed = _wrap_wait(lambda future: None, _the_future)
+
+    def wait_all(futures: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        values = original(futures, *args, **kwargs)
+        for future in futures:
+            completed(future)
+        return values
+
+    functools.update_wrapper(wait_all, original)
+    setattr(wait_all, _MARK, original)
+    return wait_all
+
+
+def _wrap_poll(original: Callable[..., Any], key: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``Work.is_completed()`` / ``Future.done()``: a poll that finds the call complete is where
+    it completes, as a wait that returned at once would be."""
+    waited = _wrap_wait(lambda awaited, done: done, key)
+
+    def poll(awaited: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        done = original(awaited, *args, **kwargs)
+        return waited(awaited, done) if done is True else done
+
+    functools.update_wrapper(poll, original, assigned=("__name__", "__qualname__", "__doc__"))
+    setattr(poll, _MARK, original)
+    return poll
 
 
 def _wait_info(issued: dict[str, Any], future: bool) -> dict[str, Any]:
@@ -885,4 +940,8 @@ def _scattered(tensor: Any, dim: int, size: int) -> Any:
     return sys.modules["torch"].empty(shape, dtype=tensor.dtype, device="meta")
 
 
-_PATCHERS: dict[str, Callable[[types.ModuleType], None]] = {_C10D: _patch_functions, _FUNCOL: _patch_functional}
+_PATCHERS: dict[str, Callable[[types.ModuleType], None]] = {
+    _C10D: _patch_functions,
+    _FUNCOL: _patch_functional,
+    _FUTURES: _patch_futures,
+}

@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ time_ns = time.time_ns
 
 _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
 _TRACKED_GAP = 4096  # of a longer run of calls the recorder did not see, the last ones are looked for
+_HANDED_KEPT = 4096  # futures of asynchronous calls kept for a wait from Python (most are waited natively)
 
 
 def group_counter(pg: Any) -> int | None:
@@ -96,6 +98,9 @@ class EventLog:
         self.born_ns = time.time_ns()  # what native code issued before this log existed is not its own
         self._incarnation = 1  # of the groups: destroy_process_group ends one
         self._pending: dict[int, tuple[Any, int, str, dict[str, Any], Any]] = {}  # id(work) -> what it completes
+        # futures of those calls (``Work.get_future``), by id: native code (DDP's reducer) waits for
+        # most out of sight, so the oldest are let go; a wait from Python completes the call
+        self._handed: OrderedDict[int, tuple[Any, int, str, dict[str, Any], Any]] = OrderedDict()
         # called with (kind, phase, name, call id) after each event is written: armed faults,
         # a schedule's holds (``add_trigger``)
         self.trigger: Callable[[str, str, str, int], None] | None = None
@@ -395,7 +400,20 @@ class EventLog:
         self._pending[id(work)] = (work, call_id, name, info, static)
 
     def waited(self, work: Any) -> tuple[Any, int, str, dict[str, Any], dict[str, Any] | None] | None:
-        return self._pending.pop(id(work), None)
+        """What waiting for ``work`` (a Work, or a future one was handed to) completes, once."""
+        found = self._pending.pop(id(work), None)
+        if found is None and self._handed:
+            found = self._handed.pop(id(work), None)
+        return found if found is None or found[0] is work else None
+
+    def handed(
+        self, future: Any, call_id: int, name: str, info: dict[str, Any], static: dict[str, Any] | None = None
+    ) -> None:
+        """An asynchronous call's completion was handed to ``future``: a wait for it in Python
+        completes the call (held for the last ``_HANDED_KEPT`` futures)."""
+        self._handed[id(future)] = (future, call_id, name, info, static)
+        if len(self._handed) > _HANDED_KEPT:
+            self._handed.popitem(last=False)
 
     def never_waited(self) -> list[tuple[int, str, dict[str, Any]]]:
         """Asynchronous calls whose work nobody waited for (yet)."""

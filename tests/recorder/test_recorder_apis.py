@@ -294,6 +294,59 @@ def test_async_barrier_waited_inside_is_no_noop(rank, recorder):
     result.assert_outcomes(passed=4)
 
 
+def test_an_asynchronous_call_completes_where_python_learns_it_did(pytester) -> None:
+    """Polled until ``is_completed()`` (or its future's ``done()``), its future waited for or
+    given to ``torch.futures.wait_all``: the call completed there (it was said never waited,
+    or handed out of sight). A poll that found it running completes nothing."""
+    result = run(
+        pytester,
+        """
+def complete(work, how):
+    if how == "is_completed":
+        while not work.is_completed():
+            pass
+    elif how == "future.wait":
+        work.get_future().wait()
+    elif how == "wait_all":
+        torch.futures.wait_all([work.get_future()])
+    else:
+        future = work.get_future()
+        while not future.done():
+            pass
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("how", ["is_completed", "future.wait", "wait_all", "future.done"])
+def test_completed(rank, recorder, how):
+    recorder.mark("a")
+    complete(dist.all_reduce(torch.ones(2), async_op=True), how)
+    recorder.mark("b")
+    tl = recorder.timeline()
+    assert tl.never_waited() == []
+    tl.assert_happens_before("a@0", "b@1")
+    tl.assert_happens_before("a@1", "b@0")
+
+@pytest.mark.multirank(world_size=2)
+def test_still_running(rank, recorder):
+    other = dist.new_group([0, 1])
+    if rank == 1:
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        assert work.is_completed() is False  # rank 0 enters it only after the barrier below
+        recorder.mark("b")
+        dist.barrier(group=other)
+        work.wait()
+    else:
+        dist.barrier(group=other)
+        recorder.mark("a")
+        dist.all_reduce(torch.ones(2))
+    tl = recorder.timeline()
+    assert not tl.happens_before("a@0", "b@1")
+    waits = [e for e in tl.for_rank(1) if e.name == "dist.all_reduce.wait" and e.phase == "start"]
+    assert len(waits) == 1  # work.wait(), not the poll
+""",
+    )
+    result.assert_outcomes(passed=5)
+
+
 def test_a_shape_that_differs_only_in_view_is_no_desync(pytester) -> None:
     result = run(
         pytester,
@@ -455,7 +508,8 @@ def test_waits(rank):
 
 
 def test_work_handed_to_a_future_is_neither_unwaited_nor_an_order(pytester) -> None:
-    # DDP's Python comm hooks hand each bucket's all-reduce to the reducer through get_future()
+    # DDP's Python comm hooks hand each bucket's all-reduce to the reducer through get_future(),
+    # which waits for it in C++ (here: a future of torch's own that collects it, waited for)
     result = run(
         pytester,
         """
@@ -463,7 +517,8 @@ def test_work_handed_to_a_future_is_neither_unwaited_nor_an_order(pytester) -> N
 def test_future(rank, recorder):
     if rank == 0:
         recorder.mark("before")
-    dist.all_reduce(torch.ones(2), async_op=True).get_future().wait()
+    future = dist.all_reduce(torch.ones(2), async_op=True).get_future()
+    torch._C._collect_all([future]).wait()
     recorder.mark("after")
     tl = recorder.timeline()
     assert tl.never_waited() == []

@@ -115,6 +115,7 @@ def prepare(config: str) -> None:
             setattr(cov, quiet, False)
         cov._auto_save = False
         cov.start()
+        assert cov._collector is not None  # start() made it
         cov._collector.pause()
         cov._collector.data.clear()  # the few lines of this function, were they measured
         cov.config.patch = patches
@@ -193,6 +194,7 @@ class RankMeasurement:
             yield
         finally:
             if started:
+                assert cov is not None  # started only when there is one
                 if self._resumes:
                     with contextlib.suppress(Exception):
                         cov._collector.pause()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 from .faults import parse_point
@@ -447,7 +448,7 @@ def _rank_phase(f: RankFailure, setup_done: set[int] | None) -> str | None:
     return "teardown" if f.in_teardown else None
 
 
-def classify(report: RunReport, setup_done: set[int] | None = None, body_passed: set[int] = frozenset()) -> Verdict:
+def classify(report: RunReport, setup_done: set[int] | None = None, body_passed: Set[int] = frozenset()) -> Verdict:
     """The verdict of a run. ``setup_done``: the ranks known to have set up their fixtures
     (None when the run does not say), to tell a failure during setup from one in the call;
     ``body_passed``: those whose body passed, so that dying then was in a fixture's teardown."""

@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+import types
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -354,8 +355,8 @@ def _socket_leaks(wanted: frozenset[int]) -> list[Leak]:
         conns = psutil.Process().net_connections(kind="inet")
     except Exception:
         return leaks
-    for inode, path in sorted(_unix_listening(wanted).items()):
-        leaks.append(Leak("socket", path, f"Unix socket listening on {path} is still open", inode))
+    for unix_inode, path in sorted(_unix_listening(wanted).items()):
+        leaks.append(Leak("socket", path, f"Unix socket listening on {path} is still open", unix_inode))
     by_fd = {fd: inode for inode, fds in _fds_by_inode().items() for fd in fds}
     for c in conns:
         inode = by_fd.get(c.fd)
@@ -428,7 +429,7 @@ def _threads_using(inode: int, owners: dict[int, list[socket.socket]] | None = N
     for ident, frame in sys._current_frames().items():
         if ident == me or ident not in threads:
             continue
-        f = frame
+        f: types.FrameType | None = frame
         while f is not None:
             if _frame_uses(f, socks):
                 out.append(threads[ident])

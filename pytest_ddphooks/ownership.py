@@ -30,7 +30,7 @@ def _reachable(roots: Iterable[Any]) -> list[Any]:
     out: list[Any] = []
     level = [r for r in roots if not issubclass(type(r), _OPAQUE)]
     for _ in range(_MAX_DEPTH):
-        nxt = []
+        nxt: list[Any] = []
         for obj in level:
             if id(obj) in seen:
                 continue
@@ -70,7 +70,10 @@ def owned(roots: Mapping[str, Any], leaks: Collection[Any]) -> dict[str, set[tup
     inode), the ``(kind, ref)`` of those each root object owns: reachable from it, or, for a
     thread, running code of an object reachable from it (a server's handler thread) and the
     sockets such a thread works with."""
-    refs = {kind: {lk.ref for lk in leaks if lk.kind == kind} for kind in ("process", "thread", "socket")}
+    # set[int], not set[Any]: a ref found in one narrows an ``int | None`` to int
+    refs: dict[str, set[int]] = {
+        kind: {lk.ref for lk in leaks if lk.kind == kind} for kind in ("process", "thread", "socket")
+    }
     pids, idents, inodes = refs["process"], refs["thread"], refs["socket"]
     out: dict[str, set[tuple[str, int]]] = {}
     for name, root in roots.items():

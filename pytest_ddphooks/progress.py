@@ -147,8 +147,8 @@ class RankProgress:
             if kind == events.COLLECTIVE and info.get("seq"):
                 state.entered[collective_key(info)] = info
             elif sync == collectives.SEND:
-                key = (info.get("group"), info.get("dst"), info.get("tag", 0))
-                state.sent[key] = state.sent.get(key, 0) + 1
+                sent = (info.get("group"), info.get("dst"), info.get("tag", 0))
+                state.sent[sent] = state.sent.get(sent, 0) + 1
             if kind == events.COLLECTIVE and not info.get("seq"):
                 return
             state.inside[call_id] = info

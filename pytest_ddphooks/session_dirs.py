@@ -71,7 +71,7 @@ def remove_stale(parent: str | None = None) -> list[str]:
     if parent is None:
         memory = memory_parent()
         return [*remove_stale(tempfile.gettempdir()), *(remove_stale(memory) if memory else [])]
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(parent)
     except OSError:

@@ -20,11 +20,14 @@ from .launch import procs
 
 
 class Leak(Protocol):
-    """What is matched of a leak (``leaks.Leak``)."""
+    """What is matched of a leak (``leaks.Leak``); read-only, so frozen dataclasses match."""
 
-    kind: str
-    key: str
-    ref: int
+    @property
+    def kind(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def ref(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,9 @@ def _fsspec_loop(t: threading.Thread) -> bool:
     if asyn is None:
         return False
     holder = getattr(asyn, "iothread", None)
-    return bool(holder) and holder[0] is t
+    if not holder:
+        return False
+    return holder[0] is t
 
 
 def _cached(fn: Any) -> Any:

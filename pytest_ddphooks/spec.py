@@ -80,7 +80,8 @@ def parse_multirank(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Multirank
         not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0
     ):
         raise SpecError(f"timeout must be a number of seconds > 0 or None, got {_describe(timeout)}")
-    if timeout is not None and timeout > MAX_SECONDS:
+    # typeshed's numbers.Real declares __lt__ and __le__ only; Python reflects the comparison
+    if timeout is not None and timeout > MAX_SECONDS:  # type: ignore[operator]
         raise SpecError(f"timeout={timeout!r} is more than {MAX_SECONDS:g} seconds")
     init = kwargs.get("init_process_group", True)
     if not isinstance(init, bool):

@@ -231,7 +231,7 @@ class RunWatch:
             # killed by a fault the test injected: what matters is how the others take it
             self._end_if_only_faults_remain()
             return
-        if died or result.outcome == "failed":
+        if died or (result is not None and result.outcome == "failed"):
             if report.first_failure is None:
                 report.first_failure = ex.rank
             if self._failed_at is None:
@@ -431,8 +431,8 @@ class RunWatch:
         return report
 
 
-def run_job(launcher: Launcher, job: Job, **kwargs: float) -> RunReport:
+def run_job(launcher: Launcher, job: Job, *, grace: float = 1.0, poll: float = POLL_SECONDS) -> RunReport:
     """A whole run in one call (for tools and benchmarks)."""
-    watch = RunWatch(launcher, job, **kwargs)
+    watch = RunWatch(launcher, job, grace=grace, poll=poll)
     watch.start()
     return watch.wait_end()

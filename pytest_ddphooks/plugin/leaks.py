@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -27,6 +27,9 @@ from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot, native_only
 from .markers import is_special
 from .session import DdpSession
 from .special import runs_here
+
+if TYPE_CHECKING:
+    from _pytest.nodes import Node  # pytest does not export it
 
 BEFORE_KEY = pytest.StashKey[Snapshot]()
 WIDER_KEY = pytest.StashKey[dict[str, tuple[Any, Any]]]()  # the wider fixtures' values as teardown began
@@ -58,7 +61,7 @@ def _leak_failure(message: str) -> BaseException:
 class _Pending:
     """Things a wider-scoped fixture made during a test's setup, checked when it ends."""
 
-    nodes: list[pytest.Node]
+    nodes: list[Node]
     owner: str  # what made it: "fixture 'server' (module scope)", "unittest class TestX"
     test: str
     before: Snapshot
@@ -203,8 +206,12 @@ class LeakHooks:
             with coverage_relay.HarnessWork():
                 self.scope_ending = self.guard.snapshot()
 
-    def _scope_node(self, item: pytest.Item, scope: str) -> pytest.Node:
-        kinds = {"class": pytest.Class, "module": pytest.Module, "package": pytest.Package}
+    def _scope_node(self, item: pytest.Item, scope: str) -> Node:
+        kinds: dict[str, type[pytest.Collector]] = {
+            "class": pytest.Class,
+            "module": pytest.Module,
+            "package": pytest.Package,
+        }
         node = item.getparent(kinds[scope]) if scope in kinds else None
         return node if node is not None else item.session
 
@@ -299,6 +306,7 @@ class LeakHooks:
             lk for lk in leaks if lk.kind == "process" and lk not in own and singletons.known(lk) is None
         )
         if own:
+            assert allow is not None  # own is empty without an allowlist
             # a process what the test left running started meanwhile (a thread that started
             # it, then ended) is the test's leak as much as the thread was
             own = self.guard.settle(

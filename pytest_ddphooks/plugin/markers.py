@@ -69,8 +69,8 @@ def nearest_multirank(node: object) -> pytest.Mark | None:
 
 
 def _marks_of(value: object) -> list[pytest.Mark]:
-    marks = value if isinstance(value, list) else [value]
-    return [getattr(m, "mark", m) for m in marks if isinstance(getattr(m, "mark", m), pytest.Mark)]
+    marks: list[object] = value if isinstance(value, list) else [value]
+    return [mark for m in marks if isinstance(mark := getattr(m, "mark", m), pytest.Mark)]
 
 
 def read_spec(nodeid: str, node: object, marker: pytest.Mark) -> MultirankSpec:

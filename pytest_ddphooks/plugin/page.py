@@ -107,6 +107,7 @@ def attach(item: pytest.Item, report: pytest.TestReport, view: dict[str, Any]) -
     if not report.failed or not writes_html(item.config):
         return
     with contextlib.suppress(ImportError):
-        from pytest_html import extras  # type: ignore[import-not-found]
+        from pytest_html import extras
 
-        report.extras = [*getattr(report, "extras", []), extras.html(static_svg(view))]
+        # pytest-html reads an attribute that pytest's TestReport does not declare
+        report.extras = [*getattr(report, "extras", []), extras.html(static_svg(view))]  # type: ignore[attr-defined]

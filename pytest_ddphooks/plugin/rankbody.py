@@ -215,7 +215,8 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
             fixtures = RankFixtures(item, values, builtins)
             # a finalizer the body adds (request.addfinalizer, request.node.addfinalizer) runs
             # in the rank's teardown: pytest's own setup state never saw this item here
-            item.addfinalizer = fixtures.finalizers.append  # type: ignore[method-assign]
+            # (mypy checks a method assigned on an instance against the unbound one, self included)
+            item.addfinalizer = fixtures.finalizers.append  # type: ignore[method-assign,assignment]
             item.funcargs = fixtures.funcargs(payload.dependent)
             ctx.note("setup", "ok")
             phase = "call"

@@ -347,14 +347,15 @@ class RankFixtures:
             raise LookupError(f"fixture {name!r} is not available in the rank")
         fd = defs[index]
         callspec = getattr(self.item, "callspec", None)
-        has_param = callspec is not None and name in callspec.params
+        params = callspec.params if callspec is not None else {}
+        has_param = name in params
         shim = _Shim(
             self.item,
             self.item.config,
             name,
             getattr(self.item, "instance", None),
             self.finalizers,
-            callspec.params[name] if has_param else None,
+            params[name] if has_param else None,
             has_param,
             self.get,
         )

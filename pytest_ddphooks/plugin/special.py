@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Generator, Iterator
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import pytest
 from _pytest.reports import TestReport
@@ -172,7 +172,12 @@ def child_command(config: pytest.Config, item: pytest.Item, folder: str) -> list
 
 
 def _report(
-    item: pytest.Item, when: str, outcome: str, text: str, sections: list[tuple[str, str]], duration: float
+    item: pytest.Item,
+    when: Literal["setup", "call", "teardown"],
+    outcome: Literal["passed", "failed", "skipped"],
+    text: str,
+    sections: list[tuple[str, str]],
+    duration: float,
 ) -> TestReport:
     fspath, lineno, domain = item.location
     return TestReport(
@@ -434,8 +439,8 @@ class SpecialChildHooks:
         self.capture = config.getoption("capture", "fd") != "no"
         self._out: IO[str] = open(messages, "a", encoding="utf-8")  # noqa: SIM115
         self._stacks = open(stacks, "w")  # noqa: SIM115
-        stacks = self._stacks
-        dump_signals.keep_armed((signal.SIGUSR1,), lambda: dump_signals.register(signal.SIGUSR1, stacks))
+        stacks_file = self._stacks
+        dump_signals.keep_armed((signal.SIGUSR1,), lambda: dump_signals.register(signal.SIGUSR1, stacks_file))
 
     def pytest_sessionstart(self) -> None:
         ship_live_log(self.config)  # the live log handler exists from here

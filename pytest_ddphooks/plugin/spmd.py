@@ -22,7 +22,7 @@ import time
 import traceback
 from collections.abc import Generator
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import pytest
 from _pytest.outcomes import Skipped
@@ -602,8 +602,12 @@ class SpmdHooks:
                     out, err = capman.read_global_capture()
                     sections = [(f"Captured {k} call", v) for k, v in (("stdout", out), ("stderr", err)) if v]
             now = time.time()
-            keywords = {k: 1 for k in item.keywords}
-            for when, outcome, longrepr in (("call", "failed", text), ("teardown", "passed", None)):
+            keywords: dict[str, Literal[1]] = {k: 1 for k in item.keywords}
+            steps: tuple[tuple[Literal["call", "teardown"], Literal["failed", "passed"], str | None], ...] = (
+                ("call", "failed", text),
+                ("teardown", "passed", None),
+            )
+            for when, outcome, longrepr in steps:
                 rep = TestReport(
                     item.nodeid, item.location, keywords, outcome, longrepr, when, sections, limit, now, now
                 )

@@ -258,13 +258,14 @@ def describe_collective(
     # the same call again (a training loop's): only its place in the group's sequence is new
     cache = rec.described_calls
     shape = (op, id(pg), api, async_op, payload, root, reduce_op if op in _REDUCING else None)
+    cacheable = True
     try:
         known = cache.get(shape)
     except TypeError:  # an argument that cannot be a key: described every time
-        known = shape = None
+        known, cacheable = None, False
     if known is None or known[0] is not pg:
         known = _static_info(rec, pg, world, op, api, async_op, payload, root, reduce_op)
-        if shape is not None:
+        if cacheable:
             if len(cache) >= 4096:
                 cache.clear()
             cache[shape] = known
@@ -394,14 +395,14 @@ def run_recorded(
         failed: dict[str, Any] = {"error": error_text(exc)}
         if info.get("async"):
             failed["async"] = True
-        after = _counter(call.pg) if call.pg is not None else None
-        if after is not None and after == call.counter:
+        counter_after = _counter(call.pg) if call.pg is not None else None
+        if counter_after is not None and counter_after == call.counter:
             # raised before it reached the group (a bad root, a wrong list): no collective of
             # the group's sequence, though it was numbered as the next one
             failed["issued"] = False
             if info.get("op") == "monitored_barrier" and "seq" in info:
                 rec.unnumber(("monitored", group), int(info["seq"]))
-        rec.counted(group, call.counter, after, call.p2p, ops, failed=True)
+        rec.counted(group, call.counter, counter_after, call.p2p, ops, failed=True)
         rec.end(call_id, kind, name, failed)
         raise
     _tls.depth = 0
@@ -687,6 +688,8 @@ def _patch_methods(c10d_c: types.ModuleType) -> None:
             if original is not None and not hasattr(original, _MARK):
                 setattr(owner, method, _wrap_p2p_method(owner.__name__, method, op, sync, original, group_of))
     work = getattr(c10d_c, "Work", None)
+    if work is None:
+        return
     original = getattr(work, "wait", None)
     if original is not None and not hasattr(original, _MARK):
         work.wait = _wrap_wait(original, _awaitable)
@@ -778,7 +781,7 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
         __tracebackhide__ = True
         rec = active._current
         pending = rec.waited(key(awaited)) if rec is not None and not _tls.depth else None
-        if pending is None:
+        if rec is None or pending is None:
             return original(awaited, *args, **kwargs)
         _, of, name, issued, static = pending
         if static is None:
@@ -842,7 +845,9 @@ def _wrap_poll(original: Callable[..., Any], key: Callable[[Any], Any]) -> Calla
 
 def _wait_info(issued: dict[str, Any], future: bool) -> dict[str, Any]:
     """What the wait of a call says of it: which call on which group (or between whom)."""
-    info = {k: issued[k] for k in ("op", "group", "ranks", "seq", "sync", "src", "dst", "tag") if k in issued}
+    info: dict[str, Any] = {
+        k: issued[k] for k in ("op", "group", "ranks", "seq", "sync", "src", "dst", "tag") if k in issued
+    }
     if future:
         info["future"] = True
     return info
@@ -889,7 +894,8 @@ def _patch_functional(funcol: types.ModuleType) -> None:
             setattr(funcol, function, _wrap_functional(function, op, original, funcol))
     original = getattr(funcol, "wait_tensor", None)
     if original is not None and not hasattr(original, _MARK):
-        funcol.wait_tensor = _wrap_wait(original, lambda tensor: tensor)
+        # typeshed's ModuleType declares no attribute to assign
+        funcol.wait_tensor = _wrap_wait(original, lambda tensor: tensor)  # type: ignore[attr-defined]
 
 
 def _wrap_functional(function: str, op: str, original: Callable[..., Any], funcol: Any) -> Callable[..., Any]:

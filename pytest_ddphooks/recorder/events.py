@@ -159,6 +159,7 @@ class EventFile:
         if pos + 4 + _COMPACT.size + 4 > self._size:
             self._grow(_COMPACT.size + 8)
         mapping = self._map
+        assert mapping is not None  # mapped from __init__ until close()
         _pack_compact(mapping, pos + 4, call_id, t_ns, lane, known[0], first, second)
         _pack_tag(mapping, pos, _COMPACT_TAG)
         self._pos = pos + 4 + _COMPACT.size

@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 .venv/bin/python -m ruff check pytest_ddphooks reference_trainer tests benchmarks examples
+.venv/bin/python -m mypy  # the package ships py.typed: its types are checked ([tool.mypy] in pyproject.toml)
 set +e
 .venv/bin/python -m pytest "$@"
 status=$?

@@ -257,10 +257,10 @@ class Lanes:
         self._inits = {rank: [index for index, _ in found] for rank, found in inits.items()}
         # the k-th group every rank initialised is one group: its places, lane -> group rank
         rounds = max((len(found) for found in inits.values()), default=0)
-        self._by_round = [
-            lanes_by_place({r: found[k][1] for r, found in inits.items() if k < len(found) and found[k][1] is not None})
-            for k in range(rounds)
-        ]
+        self._by_round = []
+        for k in range(rounds):
+            places = {r: found[k][1] for r, found in inits.items() if k < len(found)}
+            self._by_round.append(lanes_by_place({r: place for r, place in places.items() if place is not None}))
         self.chosen = any(self._by_round)  # some group placed a lane elsewhere than its rank
 
     def __call__(self, group_rank: Any, at: Event | None = None) -> int:

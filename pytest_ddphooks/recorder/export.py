@@ -31,6 +31,8 @@ class Timeline(Protocol):
 
     def spans(self, name: str | None = None, ranks: Iterable[int] | None = None) -> list[Any]: ...
 
+    def noop_barriers(self) -> Sequence[Any]: ...  # each with .rank and .index (its start)
+
 
 def _aligned(inst: Instance) -> bool:
     return inst.key[0] in ("c", "m") and len(inst.members) > 1 and inst.complete and inst.consistent

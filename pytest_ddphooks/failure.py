@@ -572,7 +572,9 @@ def _quiet_verdict(report: RunReport) -> Verdict:
         if len(reasons) == 1:
             text = first.message + (f" (on {ranks_words(skipped)}{passed})" if passed else "")
         else:  # each rank's own reason, not the first one's for all
-            text = "; ".join(f"{why} (on {ranks_words(rs)})" for why, rs in reasons.items()) + passed
+            # each as pytest shows a skip's reason: without the "Skipped: " it only strips at the start
+            text = "; ".join(f"{why.removeprefix('Skipped: ')} (on {ranks_words(rs)})" for why, rs in reasons.items())
+            text += passed
         return Verdict("skipped", message=text, location=first.location)
     return Verdict("passed")
 

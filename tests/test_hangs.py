@@ -658,6 +658,12 @@ def test_ddp_timeout_option_and_ini(inner, pytester) -> None:
     ran.lines("hang: the test did not finish within 1.5 s (2 ranks)")
     ran = inner(source, "--ddp-timeout=1")
     ran.lines("hang: the test did not finish within 1 s (2 ranks)")
+    # pytest 9's native TOML table gives numbers as numbers (a string still works there)
+    (pytester.path / "tox.ini").unlink()
+    for value, shown in (("2", "2"), ('"1.5"', "1.5")):
+        pytester.makepyprojecttoml(f"[tool.pytest]\nddp_timeout = {value}\nddp_explore = 0\nddp_pdb_rank = 1\n")
+        ran = inner(source)
+        ran.lines(f"hang: the test did not finish within {shown} s (2 ranks)")
 
 
 def test_a_passing_multirank_test_is_timed_once_and_passes_under_pytest_timeout(inner) -> None:

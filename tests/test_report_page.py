@@ -328,7 +328,9 @@ def test_junit_gets_a_rank_failures_whole_message(pytester: pytest.Pytester) -> 
     assert failure.get("message", "").endswith("first line ends with colon:\n  the real reason is here")
 
 
-def test_junit_labels_each_ranks_output(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_junit_labels_each_ranks_output(pytester: pytest.Pytester, workers: list[str]) -> None:
+    # under xdist too: a worker once sent the report on labelled, and the terminal showed it so
     pytester.makepyfile(
         test_out="""
         import pytest
@@ -340,13 +342,14 @@ def test_junit_labels_each_ranks_output(pytester: pytest.Pytester) -> None:
     )
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_logging=system-out", "-rA"
+        "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_logging=system-out", "-rA", *workers
     )
     result.assert_outcomes(passed=1)
     out = ElementTree.parse(junit).getroot().find(".//system-out")
     assert out is not None and "[rank 0] loss=0.5" in (out.text or "") and "[rank 1] loss=1.5" in (out.text or "")
     # the terminal's sections are titled by rank, their lines as printed
     result.stdout.fnmatch_lines(["*Captured stdout rank 0 call*", "loss=0.5"])
+    result.stdout.no_fnmatch_line("[[]rank 0[]] loss=0.5")
 
 
 def test_html_a_test_printed_cannot_break_the_page(pytester: pytest.Pytester) -> None:

@@ -23,6 +23,7 @@ class Option:
     metavar: str | None = None
     ini_type: str | None = None  # "linelist" for a list
     store_true: bool = False
+    number: type | None = None  # also a TOML number of this type (``[tool.pytest]``), besides a string
 
 
 OPTIONS = (
@@ -33,6 +34,7 @@ OPTIONS = (
         " marker's timeout wins, pytest-timeout's value for the test comes next",
         str(DEFAULT_TIMEOUT),
         metavar="SECONDS",
+        number=float,
     ),
     Option(
         "ddp_leaks",
@@ -68,6 +70,7 @@ OPTIONS = (
         "--ddp-pdb-rank",
         "with --pdb: the rank whose failure opens the debugger (default: the first rank to fail)",
         metavar="K",
+        number=int,
     ),
     Option(
         "ddp_explore",
@@ -77,6 +80,7 @@ OPTIONS = (
         " (default 0: off; the marker's explore=N wins)",
         "0",
         metavar="N",
+        number=int,
     ),
     Option(
         "ddp_schedule",
@@ -84,6 +88,7 @@ OPTIONS = (
         "run each multirank test once under exactly the schedule of this seed (as a failure found by"
         " --ddp-explore names it, e.g. 0x5eed1234)",
         metavar="SEED",
+        number=int,
     ),
     Option(
         "ddp_prepare",
@@ -137,5 +142,18 @@ def add_options(parser: pytest.Parser) -> None:
                 )
         if opt.store_true:  # the flag, or its ini twin set to true
             parser.addini(opt.name, opt.help, type="bool", default=False)
+        elif opt.number is not None and _add_number(parser, opt):
+            pass
         else:
             parser.addini(opt.name, opt.help, type=opt.ini_type, default=opt.ini_default)  # type: ignore[arg-type]
+
+
+def _add_number(parser: pytest.Parser, opt: Option) -> bool:
+    """An ini value a string or a number: pytest 9's native TOML tables (``[tool.pytest]``)
+    give numbers as numbers, an ini file gives strings. False where this pytest takes no
+    union of types (before 9.1): then it is a string, as an ini file gives."""
+    try:
+        parser.addini(opt.name, opt.help, type=str | opt.number, default=opt.ini_default)  # type: ignore[operator,arg-type]
+    except (AssertionError, TypeError, ValueError):
+        return False
+    return True

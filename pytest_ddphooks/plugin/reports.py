@@ -174,8 +174,9 @@ class ReportHooks:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, None, None]:
         # what reads a report's output as one text (junit's system-out joins every "Captured
-        # stdout" section) reads each rank's lines labelled; the terminal's sections are titled
-        labelled = _rank_labelled(report.sections)
+        # stdout" section) reads each rank's lines labelled; the terminal's sections are titled.
+        # An xdist worker sends the report on from this hook: the controller labels its own.
+        labelled = None if os.environ.get("PYTEST_XDIST_WORKER") else _rank_labelled(report.sections)
         if labelled is None:
             return (yield)
         titled, report.sections = report.sections, labelled

@@ -355,12 +355,19 @@ def test_nccl_is_skipped_without_enough_gpus(inner) -> None:
         @pytest.mark.multirank(world_size=1, backend="nccl")
         def test_one_gpu(rank):
             raise AssertionError("must not run")
+
+        @pytest.mark.special
+        @pytest.mark.multirank(world_size=2, backend="nccl")
+        def test_special_gpu(rank):
+            raise AssertionError("must not run")
         """,
         "-rs",
     )
-    ran.result.assert_outcomes(skipped=2)
+    ran.result.assert_outcomes(skipped=3)
     ran.lines("SKIPPED [1] test_inner.py:3: multirank(backend='nccl') needs 2 GPUs, 0 visible")
     ran.lines("SKIPPED [1] test_inner.py:7: multirank(backend='nccl') needs 1 GPU, 0 visible")
+    # a special test skips the same, here: no interpreter is started only to skip
+    ran.lines("SKIPPED [1] test_inner.py:11: multirank(backend='nccl') needs 2 GPUs, 0 visible")
 
 
 def test_world_size_one_is_a_real_single_rank_group(inner) -> None:

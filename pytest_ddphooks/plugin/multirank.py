@@ -37,7 +37,7 @@ from . import rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
 from .livelog import live_log_sink
-from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, gpus, is_special
+from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, is_special
 from .notices import warn_at
 from .reports import (
     DebuggedMultirankFailed,
@@ -180,12 +180,10 @@ class MultirankHooks:
         return result
 
     def _skip_without_gpus(self, item: pytest.Item, run: MultirankRun) -> None:
-        visible = int(self.ddp.start_launcher(item.session).probe().get("cuda_devices", 0))
-        if visible < run.world_size:
+        missing = self.ddp.gpus_missing(item, run.world_size)
+        if missing is not None:
             # reported at the test, as a skip marker's is (-rs names its file and line)
-            raise Skipped(
-                f"multirank(backend='nccl') needs {gpus(run.world_size)}, {visible} visible", _use_item_location=True
-            )
+            raise Skipped(missing, _use_item_location=True)
 
     def _start(self, item: pytest.Function, run: MultirankRun) -> None:
         active = item.stash[ACTIVE_KEY] = _Active()

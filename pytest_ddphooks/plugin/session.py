@@ -12,7 +12,7 @@ import pytest
 from .. import coverage_relay, session_dirs
 from ..launch.launcher import Launcher
 from . import rankbody
-from .markers import RUN_KEY, THREAD_TIMEOUT_KEY, TIMEOUT_KEY, MultirankRun
+from .markers import RUN_KEY, THREAD_TIMEOUT_KEY, TIMEOUT_KEY, MultirankRun, gpus
 from .settings import Settings
 
 SPECIAL_GRACE = 30.0  # a special multirank test's own watchdog reports first
@@ -81,6 +81,13 @@ class DdpSession:
                 return item.stash[TIMEOUT_KEY]  # timed here: see TimeoutHooks.pytest_timeout_set_timer
             return item.stash[TIMEOUT_KEY] + TIMED_SPECIAL_GRACE
         return self.settings.timeout
+
+    def gpus_missing(self, item: pytest.Item, world_size: int) -> str | None:
+        """Why an nccl test of ``world_size`` ranks cannot run here (too few GPUs), or None."""
+        visible = int(self.start_launcher(item.session).probe().get("cuda_devices", 0))
+        if visible >= world_size:
+            return None
+        return f"multirank(backend='nccl') needs {gpus(world_size)}, {visible} visible"
 
     def start_launcher(self, session: pytest.Session, expected_runs: int = 0) -> Launcher:
         """The session's rank launcher, started at the first call (``expected_runs``: how

@@ -49,7 +49,7 @@ from ..special import (
 )
 from ..stacks import fatal_error, format_stack, rel_path, user_frame
 from .livelog import following_special, ship_live_log
-from .markers import BAD_MARKER_KEY, is_special
+from .markers import BAD_MARKER_KEY, RUN_KEY, is_special
 from .reports import relay_warnings
 from .session import LIVE_TERMINAL_KEY, DdpSession
 
@@ -231,6 +231,9 @@ class SpecialHooks:
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
         if not is_special(item) or runs_here(item) or BAD_MARKER_KEY in item.stash:
             return None  # a bad marker is an error of the test here: no interpreter for it
+        run = item.stash.get(RUN_KEY, None)
+        if run is not None and run.spec.backend == "nccl" and self.ddp.gpus_missing(item, run.world_size):
+            return None  # skipped here, as it would be there: no interpreter started for it
         ihook = item.ihook
         reruns = _reruns_of(item)
         attempt = 0

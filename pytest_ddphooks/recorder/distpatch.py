@@ -272,6 +272,11 @@ def describe_collective(
     _, key, static = known
     rec.opened(key)  # before the counter is read: from here another thread's call sees this one
     call = Call(static, pg, _counter(pg))
+    if api is None and op in _COALESCED_OPS and pg in getattr(_c10d_world, "pg_coalesce_state", ()):
+        # only queued: the coalesced call the manager issues at its exit is the collective
+        queued = {k: v for k, v in static.items() if k != "async"}
+        call.info = {**queued, "unsure": _QUEUED, "queued": True}
+        return call
     unsure = None
     if op == "monitored_barrier":
         # made of sends and receives (rank 0 with every other): its own count pairs it
@@ -292,6 +297,15 @@ def describe_collective(
 
 
 _SEQ = ("seq",)
+# what torch's functions only queue inside a coalescing manager (``dist._coalescing_manager``)
+_COALESCED_OPS = frozenset(
+    {"all_reduce", "all_gather_into_tensor", "all_gather_single", "_all_gather_base"}
+    | {"reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base"}
+)
+_QUEUED = (
+    "it was only queued by a coalescing manager (_coalescing_manager), which issues the queued calls as one"
+    " coalesced collective at its exit"
+)
 _WAITED = ("seq", "of")
 
 

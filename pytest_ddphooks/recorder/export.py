@@ -73,6 +73,8 @@ def _cell(e: Event, ended: set[tuple[int, int]], noop: set[tuple[int, int]]) -> 
     group = e.info.get("group")
     where = "" if group == "default" else f" [g{group}]"
     wait = " (native)" if e.info.get("native") else " (async)" if e.info.get("async") else ""
+    if e.info.get("queued"):
+        return f"{tag}= {op} (queued){where}{stuck}"
     number = f"#{e.info['seq']}" if e.info.get("seq") else "#? (unpaired)" if e.info.get("unsure") else "#?"
     return f"{tag}= {op} {number}{where}{wait}{stuck}"
 

@@ -347,6 +347,46 @@ def test_still_running(rank, recorder):
     result.assert_outcomes(passed=5)
 
 
+def test_calls_a_coalescing_manager_queues_order_nothing_its_coalesced_call_does(pytester) -> None:
+    """Inside ``dist._coalescing_manager`` an all-reduce or all-gather only queues: the manager
+    issues them as one coalesced call at its exit. Recorded as collectives of their own, the
+    queued calls proved an order although torch raised at the exit and nothing was sent."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("async_ops", [False, True])
+def test_coalesced(rank, recorder, async_ops):
+    recorder.mark("before")
+    with dist._coalescing_manager(async_ops=async_ops) as manager:
+        dist.all_reduce(torch.ones(2), async_op=async_ops)
+        dist.all_reduce(torch.ones(3), async_op=async_ops)
+    if async_ops:
+        manager.wait()
+    recorder.mark("after")
+    tl = recorder.timeline()
+    assert tl.never_waited() == []
+    tl.assert_happens_before("before@0", "after@1")  # through the coalesced call
+    assert "= all_reduce (queued)" in tl.swimlanes() and "= all_reduce_coalesced #1" in tl.swimlanes()
+
+@pytest.mark.multirank(world_size=2)
+def test_never_issued(rank, recorder):
+    a, out = torch.ones(2), torch.zeros(4)
+    recorder.mark("before")
+    with pytest.raises(RuntimeError, match="same type"):
+        with dist._coalescing_manager():
+            dist.all_reduce(a)
+            dist.all_gather_into_tensor(out, torch.ones(2))
+    assert a.tolist() == [1.0, 1.0]  # nothing was sent
+    recorder.mark("after")
+    tl = recorder.timeline()
+    with pytest.raises(TimelineAssertionError, match="only queued by a coalescing manager"):
+        tl.assert_happens_before("before@0", "after@1")
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
 def test_a_shape_that_differs_only_in_view_is_no_desync(pytester) -> None:
     result = run(
         pytester,

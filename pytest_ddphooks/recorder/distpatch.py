@@ -34,7 +34,7 @@ from typing import Any
 
 from . import active, collectives, events, warnsite
 from .collectives import OPS, PAYLOAD_ARG, describe_tensor
-from .log import EventLog, error_text
+from .log import EventLog, Pending, error_text
 from .log import group_counter as _counter
 
 _C10D = "torch.distributed.distributed_c10d"
@@ -72,6 +72,7 @@ def install() -> None:
         # every rank activates a recorder: a module patched already is not walked again
         if module is not None and _patched.get(name) is not module:
             _patch(name, module)
+    _know_compiling()
     if not all(name in sys.modules for name in _PATCHERS) and not any(
         isinstance(f, _PatchOnImport) for f in sys.meta_path
     ):
@@ -84,6 +85,15 @@ _patched: dict[str, types.ModuleType] = {}  # module name -> the module object l
 def _patch(name: str, module: types.ModuleType) -> None:
     _PATCHERS[name](module)
     _patched[name] = module
+    _know_compiling()
+
+
+def _know_compiling() -> None:
+    """Take torch.compiler.is_compiling once torch has it (it may still be importing)."""
+    global _is_compiling
+    found = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", None)
+    if found is not None:
+        _is_compiling = found
 
 
 def installed() -> bool:
@@ -125,6 +135,19 @@ class _PatchingLoader(importlib.abc.Loader):
 
 def _dist() -> Any:
     return sys.modules["torch.distributed"]
+
+
+def _compiling() -> bool:
+    """Whether torch.compile is tracing the call: then a wrapper is not there (the graph's
+    collectives run from native code, read as such), and never what breaks the tracing."""
+    return _is_compiling()
+
+
+def _not_compiling() -> bool:
+    return False
+
+
+_is_compiling: Callable[[], bool] = _not_compiling  # torch.compiler.is_compiling, once torch is loaded
 
 
 # -- what a call is about: its group, its place in the group's sequence --------------------
@@ -421,23 +444,46 @@ def run_recorded(
         raise
     _tls.depth = 0
     out: dict[str, Any] | None = None
+    done = False  # an asynchronous call that completed before it returned
     try:
         pg = call.pg
         if "async" in info and pg is not None and result is not None:
-            rec.awaiting(_awaitable(result), call_id, name, info, call.static)
+            targets = _awaitables(result)
+            if targets is None:
+                done = True
+            elif len(targets) == 1:
+                rec.awaiting(targets[0], call_id, name, info, call.static)
+            else:  # the outputs of one coalesced call: waiting for any completes it
+                for target in targets:
+                    rec.handed(target, [(target, call_id, name, info, call.static)])
         if pg is not None:
             rec.counted(group, call.counter, _counter(pg), call.p2p, ops)
         if after is not None:
             out = after(rec, call, result)
     except Exception as exc:  # the recorder must never be why a call fails
         out = {**(out or {}), "recorder_error": error_text(exc)}
-    if "async" in info:  # it completes at its wait, not at this return
+    if "async" in info and not done:  # it completes at its wait, not at this return
         out = _ASYNC_END if not out else {"async": True, **out}
     rec.end(call_id, kind, name, out or None, _ASYNC_END if out is _ASYNC_END else None)
     return result
 
 
 _ASYNC_END: dict[str, Any] = {"async": True}  # the end of every asynchronous call that went well
+
+
+def _awaitables(result: Any) -> list[Any] | None:
+    """What an asynchronous call's completion is waited on: its Work, the tensor a functional
+    collective returned (each of a coalesced one's); None where a functional collective waited
+    before it returned (an all-gather along another dimension than 0 returns the joined result)."""
+    if isinstance(result, (list, tuple)):
+        elems = [getattr(part, "elem", None) for part in result]
+        if elems and all(elem is not None for elem in elems):
+            return elems
+        return None if all(hasattr(part, "dtype") for part in result) else [result]
+    elem = getattr(result, "elem", None)
+    if elem is not None:
+        return [elem]
+    return None if hasattr(result, "dtype") else [result]
 
 
 def _awaitable(result: Any) -> Any:
@@ -562,7 +608,7 @@ def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         rec = active._current
-        if rec is None or _tls.depth:
+        if rec is None or _tls.depth or _compiling():
             return original(*args, **kwargs)
         bound = dict(defaults)
         bound.update(zip(params, args, strict=False))
@@ -647,10 +693,12 @@ METHODS: dict[str, tuple[str, _Describe]] = {
     "_allgather_base": ("all_gather_into_tensor", _second),
     "all_gather_single": ("all_gather_into_tensor", _second),
     "allgather_into_tensor_coalesced": ("all_gather_coalesced", _second),
+    "all_gather_single_coalesced": ("all_gather_coalesced", _second),  # a coalescing manager's
     "reduce_scatter": ("reduce_scatter", _first),
     "_reduce_scatter_base": ("reduce_scatter_tensor", _first),
     "reduce_scatter_single": ("reduce_scatter_tensor", _first),
     "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor", _first),
+    "reduce_scatter_single_coalesced": ("reduce_scatter_tensor", _first),  # a coalescing manager's
     "alltoall": ("all_to_all", _second),
     "alltoall_base": ("all_to_all_single", _second),
     "all_to_all_single": ("all_to_all_single", _second),
@@ -719,6 +767,9 @@ def _patch_methods(c10d_c: types.ModuleType) -> None:
         original = getattr(future, method, None)
         if original is not None and not hasattr(original, _MARK):
             setattr(future, method, wrap(original, _the_future))
+    original = getattr(future, "then", None)
+    if original is not None and not hasattr(original, _MARK):
+        future.then = _wrap_then(original)  # type: ignore[union-attr]
 
 
 def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -735,7 +786,7 @@ def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[.
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         rec = active._current
-        if rec is None or _tls.depth:
+        if rec is None or _tls.depth or _compiling():
             return original(self, *args, **kwargs)
         call = describe_safely(op, build, rec, self, args)
         return run_recorded(rec, events.COLLECTIVE, name, call, original, (self, *args), kwargs)
@@ -763,7 +814,7 @@ def _wrap_p2p_method(
     def wrapper(self: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         rec = active._current
-        if rec is None or _tls.depth:
+        if rec is None or _tls.depth or _compiling():
             return original(self, tensors, *args, **kwargs)
         try:
             pg = group_of(self, tensors)
@@ -788,26 +839,35 @@ def _wrap_p2p_method(
 def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: bool = False) -> Callable[..., Any]:
     """Record the wait of an asynchronous call the recorder saw issued: its completion. With
     ``future``, where the call was handed to a future (``Work.get_future``): it was not left
-    unwaited, but whoever waits for the future does so out of sight, so it completes nothing."""
+    unwaited; whoever waits for the future from Python completes it (``Future.wait``), native
+    code does so out of sight."""
     suffix = ".get_future" if future else ".wait"
 
     def wait(awaited: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         rec = active._current
-        pending = rec.waited(key(awaited)) if rec is not None and not _tls.depth else None
-        if rec is None or pending is None:
+        if rec is None or _tls.depth or _compiling():
             return original(awaited, *args, **kwargs)
-        _, of, name, issued, static = pending
-        if static is None:
-            call = Call(_wait_info(issued, future))
-            call.info["of"] = of
-        else:  # a collective issued in its usual form: so is its wait
-            call = Call(_static_wait_info(rec, static, future))
-            call.static, call.numbered = call.info, _WAITED
-            call.info = {**call.static, "seq": issued["seq"], "of": of}
-        result = run_recorded(rec, events.WAIT, name + suffix, call, original, (awaited, *args), kwargs)
+        target = key(awaited)
+        calls = rec.waited(target)
+        if not calls and hasattr(target, "untyped_storage"):
+            calls = rec.waited_view(target)  # a view of a functional collective's result
+        if not calls:
+            return original(awaited, *args, **kwargs)
+        result = run_recorded(
+            rec,
+            events.WAIT,
+            calls[0][2] + suffix,
+            _wait_call(rec, calls[0], future),
+            original,
+            (awaited, *args),
+            kwargs,
+        )
+        for other in calls[1:]:  # the others completed with it (a future made of several)
+            run_recorded(rec, events.WAIT, other[2] + suffix, _wait_call(rec, other, future), _returned, (result,), {})
         if future:
-            rec.handed(result, of, name, issued, static)
+            rec.handed(result, calls)  # its wait from Python completes them
+            rec.handed(awaited, calls)  # and so does the Work's own, later
         return result
 
     functools.update_wrapper(wait, original, assigned=("__name__", "__qualname__", "__doc__"))
@@ -815,14 +875,68 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
     return wait
 
 
+def _returned(value: Any) -> Any:
+    return value
+
+
+def _wait_call(rec: EventLog, pending: Pending, future: bool) -> Call:
+    """The recorded wait of an asynchronous call."""
+    _, of, _, issued, static = pending
+    if static is None:
+        call = Call(_wait_info(issued, future))
+        call.info["of"] = of
+    else:  # a collective issued in its usual form: so is its wait
+        call = Call(_static_wait_info(rec, static, future))
+        call.static, call.numbered = call.info, _WAITED
+        call.info = {**call.static, "seq": issued["seq"], "of": of}
+    return call
+
+
+def _wrap_then(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Future.then``: the future it returns completes after this one, so a wait for it
+    completes what was handed to this one."""
+
+    def then(future: Any, *args: Any, **kwargs: Any) -> Any:
+        chained = original(future, *args, **kwargs)
+        rec = active._current
+        if rec is not None and not _compiling():
+            calls = rec.handed_to(future)
+            if calls:
+                rec.handed(chained, calls)
+        return chained
+
+    functools.update_wrapper(then, original, assigned=("__name__", "__qualname__", "__doc__"))
+    setattr(then, _MARK, original)
+    return then
+
+
+def _wrap_collect_all(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.futures.collect_all``: the future it returns completes once all it was given
+    did, so a wait for it completes what was handed to each."""
+
+    def collect_all(futures: Any, *args: Any, **kwargs: Any) -> Any:
+        collected = original(futures, *args, **kwargs)
+        rec = active._current
+        if rec is not None and not _compiling():
+            calls = [call for future in futures for call in rec.handed_to(future)]
+            if calls:
+                rec.handed(collected, calls)
+        return collected
+
+    functools.update_wrapper(collect_all, original)
+    setattr(collect_all, _MARK, original)
+    return collect_all
+
+
 def _the_future(future: Any) -> Any:
     return future
 
 
 def _patch_futures(futures: types.ModuleType) -> None:
-    original = getattr(futures, "wait_all", None)
-    if original is not None and not hasattr(original, _MARK):
-        futures.wait_all = _wrap_wait_all(original)  # type: ignore[attr-defined]
+    for function, wrap in (("wait_all", _wrap_wait_all), ("collect_all", _wrap_collect_all)):
+        original = getattr(futures, function, None)
+        if original is not None and not hasattr(original, _MARK):
+            setattr(futures, function, wrap(original))
 
 
 def _wrap_wait_all(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -941,7 +1055,7 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         rec = active._current
-        if rec is None or _tls.depth:
+        if rec is None or _tls.depth or _compiling():
             return original(*args, **kwargs)
         call = describe_safely(op, build, rec, args, kwargs)
         return run_recorded(rec, events.COLLECTIVE, name, call, original, args, kwargs)

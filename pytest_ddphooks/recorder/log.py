@@ -20,6 +20,8 @@ get_ident = threading.get_ident
 time_ns = time.time_ns
 
 _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
+# an asynchronous call waiting for its completion: (its Work, call id, name, start info, static info)
+Pending = tuple[Any, int, str, dict[str, Any], Any]
 _TRACKED_GAP = 4096  # of a longer run of calls the recorder did not see, the last ones are looked for
 _HANDED_KEPT = 4096  # futures of asynchronous calls kept for a wait from Python (most are waited natively)
 
@@ -97,10 +99,11 @@ class EventLog:
         self._incarnation_starts: list[int] = []  # when each incarnation after the first began (time_ns)
         self.born_ns = time.time_ns()  # what native code issued before this log existed is not its own
         self._incarnation = 1  # of the groups: destroy_process_group ends one
-        self._pending: dict[int, tuple[Any, int, str, dict[str, Any], Any]] = {}  # id(work) -> what it completes
-        # futures of those calls (``Work.get_future``), by id: native code (DDP's reducer) waits for
-        # most out of sight, so the oldest are let go; a wait from Python completes the call
-        self._handed: OrderedDict[int, tuple[Any, int, str, dict[str, Any], Any]] = OrderedDict()
+        self._pending: dict[int, Pending] = {}  # id(work) -> what it completes
+        # futures of those calls (``Work.get_future``, and futures made of those), by id: native code
+        # (DDP's reducer) waits for most out of sight, so the oldest are let go; a wait from Python
+        # completes the calls
+        self._handed: OrderedDict[int, tuple[Any, list[Pending]]] = OrderedDict()
         # called with (kind, phase, name, call id) after each event is written: armed faults,
         # a schedule's holds (``add_trigger``)
         self.trigger: Callable[[str, str, str, int], None] | None = None
@@ -399,21 +402,44 @@ class EventLog:
         the never-changing part of ``info``, if it has one."""
         self._pending[id(work)] = (work, call_id, name, info, static)
 
-    def waited(self, work: Any) -> tuple[Any, int, str, dict[str, Any], dict[str, Any] | None] | None:
-        """What waiting for ``work`` (a Work, or a future one was handed to) completes, once."""
+    def waited(self, work: Any) -> list[Pending]:
+        """The calls that waiting for ``work`` (a Work, or a future calls were handed to)
+        completes: an asynchronous call's Work once; a future each time (it may be waited again)."""
         found = self._pending.pop(id(work), None)
-        if found is None and self._handed:
-            found = self._handed.pop(id(work), None)
-        return found if found is None or found[0] is work else None
+        if found is not None:
+            return [found]
+        held = self._handed.get(id(work)) if self._handed else None
+        return list(held[1]) if held is not None and held[0] is work else []
 
-    def handed(
-        self, future: Any, call_id: int, name: str, info: dict[str, Any], static: dict[str, Any] | None = None
-    ) -> None:
-        """An asynchronous call's completion was handed to ``future``: a wait for it in Python
-        completes the call (held for the last ``_HANDED_KEPT`` futures)."""
-        self._handed[id(future)] = (future, call_id, name, info, static)
+    def waited_view(self, tensor: Any) -> list[Pending]:
+        """The call whose result ``tensor`` views (a view of a functional collective's result,
+        made before it was waited for, shares its storage): a scan of the few calls pending."""
+        try:
+            storage = tensor.untyped_storage().data_ptr()
+        except Exception:
+            return []
+        for key, pending in list(self._pending.items()):
+            target = pending[0]
+            try:
+                same = target is not tensor and target.untyped_storage().data_ptr() == storage
+            except Exception:
+                continue
+            if same:
+                del self._pending[key]
+                return [pending]
+        return []
+
+    def handed(self, future: Any, calls: list[Pending]) -> None:
+        """``calls`` were handed to ``future`` (``Work.get_future``, a future made of such ones):
+        a wait for it from Python completes them (kept for the last ``_HANDED_KEPT`` futures)."""
+        self._handed[id(future)] = (future, calls)
         if len(self._handed) > _HANDED_KEPT:
             self._handed.popitem(last=False)
+
+    def handed_to(self, future: Any) -> list[Pending]:
+        """The calls handed to ``future``, if any (it stays as it is)."""
+        held = self._handed.get(id(future)) if self._handed else None
+        return list(held[1]) if held is not None and held[0] is future else []
 
     def never_waited(self) -> list[tuple[int, str, dict[str, Any]]]:
         """Asynchronous calls whose work nobody waited for (yet)."""

@@ -295,13 +295,29 @@ def test_async_barrier_waited_inside_is_no_noop(rank, recorder):
 
 
 def test_an_asynchronous_call_completes_where_python_learns_it_did(pytester) -> None:
-    """Polled until ``is_completed()`` (or its future's ``done()``), its future waited for or
-    given to ``torch.futures.wait_all``: the call completed there (it was said never waited,
-    or handed out of sight). A poll that found it running completes nothing."""
+    """Polled until ``is_completed()`` (or its future's ``done()``), its future (or one made
+    from it) waited for or given to ``torch.futures.wait_all``, its Work waited for after
+    ``get_future()``; a functional collective's result used through a view, one result of a
+    coalesced call used, an all-gather along dimension 1 (it waits inside): the call completed
+    there (it was said never waited, handed out of sight, or a barrier made of it a no-op). A
+    poll that found it running completes nothing; a result never used was never waited."""
     result = run(
         pytester,
         """
-def complete(work, how):
+import torch.distributed._functional_collectives as funcol
+
+def complete(how):
+    group = dist.group.WORLD
+    if how.startswith("funcol"):
+        if how == "funcol view":
+            assert funcol.all_reduce(torch.ones(4), "sum", group)[:2].tolist() == [2.0, 2.0]
+        elif how == "funcol coalesced":
+            outs = funcol.all_reduce_coalesced([torch.ones(2), torch.ones(3)], "sum", group)
+            assert outs[1].tolist() == [2.0] * 3
+        else:
+            assert funcol.all_gather_tensor(torch.ones(2, 1), 1, group).shape == (2, 2)
+        return
+    work = dist.all_reduce(torch.ones(2), async_op=True)
     if how == "is_completed":
         while not work.is_completed():
             pass
@@ -309,19 +325,34 @@ def complete(work, how):
         work.get_future().wait()
     elif how == "wait_all":
         torch.futures.wait_all([work.get_future()])
+    elif how == "then":
+        work.get_future().then(lambda future: future.value()).wait()
+    elif how == "collect_all":
+        torch.futures.collect_all([work.get_future()]).wait()
+    elif how == "work.wait after get_future":
+        work.get_future()
+        work.wait()
     else:
         future = work.get_future()
         while not future.done():
             pass
 
+HOW = ["is_completed", "future.wait", "wait_all", "future.done", "then", "collect_all", "work.wait after get_future"]
+
 @pytest.mark.multirank(world_size=2)
-@pytest.mark.parametrize("how", ["is_completed", "future.wait", "wait_all", "future.done"])
+@pytest.mark.parametrize("how", HOW + ["funcol view", "funcol coalesced", "funcol gather_dim_1"])
 def test_completed(rank, recorder, how):
+    class Strategy:
+        def barrier(self):
+            complete(how)
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "barrier")
     recorder.mark("a")
-    complete(dist.all_reduce(torch.ones(2), async_op=True), how)
+    strategy.barrier()
     recorder.mark("b")
     tl = recorder.timeline()
     assert tl.never_waited() == []
+    tl.assert_no_noop_barriers()
     tl.assert_happens_before("a@0", "b@1")
     tl.assert_happens_before("a@1", "b@0")
 
@@ -342,9 +373,45 @@ def test_still_running(rank, recorder):
     assert not tl.happens_before("a@0", "b@1")
     waits = [e for e in tl.for_rank(1) if e.name == "dist.all_reduce.wait" and e.phase == "start"]
     assert len(waits) == 1  # work.wait(), not the poll
+
+@pytest.mark.multirank(world_size=2)
+def test_unused(rank, recorder):
+    out = funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD)
+    recorder.mark("after")
+    tl = recorder.timeline()
+    assert tl.never_waited() == [f"async all_reduce #1 on rank {r} was never waited" for r in (0, 1)]
+    out.wait()
 """,
     )
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=12)
+
+
+def test_torch_compile_of_code_that_calls_collectives_runs_as_without_the_plugin(pytester) -> None:
+    """dynamo once traced into the recorder's wrappers and failed (an opaque group object,
+    a function it skips); the compiled graph's collectives are read as native ones."""
+    result = run(
+        pytester,
+        """
+import torch.distributed._functional_collectives as funcol
+
+def with_c10d(x):
+    y = x * 2
+    dist.all_reduce(y)
+    return y + 1
+
+def with_funcol(x):
+    return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+@pytest.mark.multirank(world_size=2, timeout=200)
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_compiled(rank, recorder, fullgraph):
+    if not fullgraph:
+        assert torch.compile(with_c10d, backend="eager")(torch.ones(2)).tolist() == [5.0, 5.0]
+    assert torch.compile(with_funcol, backend="eager", fullgraph=fullgraph)(torch.ones(2)).tolist() == [5.0, 5.0]
+    assert not any("recorder_error" in e.info for e in recorder.timeline().events)
+""",
+    )
+    result.assert_outcomes(passed=2)
 
 
 def test_calls_a_coalescing_manager_queues_order_nothing_its_coalesced_call_does(pytester) -> None:

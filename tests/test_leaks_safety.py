@@ -134,6 +134,46 @@ def test_rerunfailures_stored_exception_is_no_leak(pytester) -> None:
     result.stdout.no_fnmatch_line("*leaked*")
 
 
+def test_a_rerun_leaves_a_session_fixtures_group_alone(pytester) -> None:
+    """pytest-rerunfailures takes the session's scope off pytest's stack while it reruns a
+    failed test: the leak guard once took that for the scope's end, destroyed a session
+    fixture's process group and failed the next test that used it."""
+    pytest.importorskip("pytest_rerunfailures")
+    pytester.makeconftest(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture(scope="session")
+        def session_group(tmp_path_factory):
+            store = tmp_path_factory.mktemp("store") / "file"
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+            yield dist.group.WORLD
+            dist.destroy_process_group()
+        """
+    )
+    pytester.makepyfile(
+        test_rerun="""
+        import torch
+        import torch.distributed as dist
+
+        def test_a(session_group):
+            dist.barrier()
+
+        def test_flaky_unrelated():
+            assert False
+
+        def test_b(session_group):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 1
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--reruns", "1")
+    assert result.parseoutcomes() == {"failed": 1, "passed": 2, "rerun": 1}
+    result.stdout.no_fnmatch_line("*left behind*")
+
+
 KEPT = {
     # a socket the module keeps is closed through its object, which then knows it is closed
     "socket": (

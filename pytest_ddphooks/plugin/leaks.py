@@ -13,6 +13,7 @@ name of the fixture. Everything else new after teardown is the test's own leak.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -47,6 +48,17 @@ ALLOW_HELP = (
 
 
 _LEAK_MARK = "_ddphooks_leak"
+
+
+def _live_scopes(session: pytest.Session) -> set[Any] | None:
+    """The nodes whose scope has not ended (None where pytest does not say). pytest-rerunfailures
+    takes the wider scopes off pytest's stack while it reruns a failed test, to keep their
+    fixtures: theirs have not ended either."""
+    stack = getattr(getattr(session, "_setupstate", None), "stack", None)
+    if stack is None:
+        return None
+    suspended = getattr(sys.modules.get("pytest_rerunfailures"), "suspended_finalizers", None) or {}
+    return set(stack) | set(suspended)
 
 
 def _leak_failure(message: str) -> BaseException:
@@ -196,7 +208,7 @@ class LeakHooks:
         removed) is no leak of the test whose teardown ended the scope: the test is judged
         on what changed until the scope began to end. Registered after the fixtures, so it
         runs before their teardown."""
-        live = getattr(getattr(item.session, "_setupstate", None), "stack", None) or {}
+        live = _live_scopes(item.session) or set()
         for node in {self._scope_node(item, fd.scope) for fd in fixtures}:
             if node in live:
                 node.addfinalizer(self._scope_ends)
@@ -371,8 +383,7 @@ class LeakHooks:
         return self.guard.settle(entry.before, still, holders=_holders(item) if item is not None else ())
 
     def _ended_scopes(self, item: pytest.Item) -> list[tuple[_Pending, list[Outcome]]]:
-        stack = getattr(item.session, "_setupstate", None)
-        live = getattr(stack, "stack", None)
+        live = _live_scopes(item.session)
         out = []
         for entry in list(self.pending):
             if live is not None and any(node in live for node in entry.nodes):

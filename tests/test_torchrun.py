@@ -317,6 +317,75 @@ def test_a_failed_test_blames_nobody_for_the_group_rebuilt_after_it(pytester: py
     assert "leaked" not in out, out
 
 
+def test_a_setup_or_teardown_that_fails_on_one_rank_fails_on_all_and_rank_0_says_so(pytester: pytest.Pytester) -> None:
+    """A fixture that failed on rank 1 only once sent rank 1 on to the next test while rank 0
+    waited for it in this one (the run stopped, the error unsaid); a teardown error or a
+    leak on rank 1 never reached rank 0's report (it said passed, torchrun exited 1). A skip
+    in one rank's setup skips the test on all."""
+    pytester.makepyfile(
+        test_phases="""
+        import subprocess
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def data(rank):
+            if rank == 1:
+                raise OSError("rank 1 has no data")
+
+        @pytest.fixture
+        def closing(rank):
+            yield
+            if rank == 1:
+                raise OSError("rank 1 could not close")
+
+        @pytest.fixture
+        def gpu(rank):
+            if rank == 1:
+                pytest.skip("no GPU on rank 1")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_1_setup(rank, data):
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_2_teardown(rank, closing):
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_3_leak(rank):
+            if rank == 1:
+                subprocess.Popen(["sleep", "300"])
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_4_skip(rank, gpu):
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_5_next(rank):
+            dist.barrier()
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "-rA", "--junitxml=out.xml")
+    assert code != 0, out
+    assert "= 3 passed, 1 skipped, 3 errors" in out, out
+    expected = [
+        "ERROR at setup of test_1_setup",
+        "rank 1: failed in fixture setup: OSError: rank 1 has no data",
+        "ERROR at teardown of test_2_teardown",
+        "rank 1: failed in teardown: OSError: rank 1 could not close",
+        "ERROR at teardown of test_3_leak",
+        "rank 1: failed in teardown: Failed: test_phases.py::test_3_leak leaked (cleaned up before the next test):",
+        "process * is still running: sleep 300",
+    ]
+    pytester_lines = pytest.LineMatcher(out.splitlines())
+    pytester_lines.fnmatch_lines([f"*{line}*" for line in expected])
+    pytester_lines.fnmatch_lines(["SKIPPED [[]1[]] test_phases.py:*: no GPU on rank 1 (on rank 1)"])
+    junit = ET.parse(pytester.path / "out.xml").getroot()
+    assert junit.find("testsuite").get("errors") == "3", out  # type: ignore[union-attr]
+
+
 def test_plain_tests_on_every_rank_fail_where_any_rank_failed(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_plain_all="""

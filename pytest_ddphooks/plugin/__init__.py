@@ -24,7 +24,7 @@ from .page import PageHooks
 from .reports import ReportHooks
 from .session import DdpSession
 from .settings import Settings
-from .spmd import SpmdHooks
+from .spmd import SpmdHooks, SpmdPhases
 from .timeouts import TimeoutHooks
 
 # Before any conftest imports torch: torch.distributed is patched as it loads.
@@ -72,8 +72,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(MarkerHooks(settings.spmd), "ddphooks-markers")
     config.pluginmanager.register(ReportHooks(), "ddphooks-reports")
     config.pluginmanager.register(TimeoutHooks(), "ddphooks-timeouts")
-    if settings.spmd:
-        config.pluginmanager.register(SpmdHooks(ddp), SpmdHooks.NAME)
+    spmd_hooks = SpmdHooks(ddp) if settings.spmd else None
+    if spmd_hooks is not None:
+        config.pluginmanager.register(spmd_hooks, SpmdHooks.NAME)
     else:
         config.pluginmanager.register(MultirankHooks(ddp), "ddphooks-multirank")
     config.pluginmanager.register(LeakHooks(ddp), "ddphooks-leaks")
@@ -81,6 +82,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.report:
         config.pluginmanager.register(PageHooks(ddp), "ddphooks-page")
     config.pluginmanager.register(special.SpecialHooks(ddp), "ddphooks-special")
+    if spmd_hooks is not None:
+        # registered last: around every other setup and teardown hook (the leak guard's too)
+        config.pluginmanager.register(SpmdPhases(spmd_hooks), "ddphooks-spmd-phases")
     target = special.special_target()
     if target is not None:
         config.pluginmanager.register(special.SpecialTargetHooks(target), "ddphooks-special-target")

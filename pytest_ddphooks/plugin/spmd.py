@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any, Literal, NoReturn
 
 import pytest
-from _pytest.outcomes import Skipped
+from _pytest.outcomes import OutcomeException, Skipped
 
 from .. import blobs
 from ..failure import classify, first_failure
@@ -373,6 +373,53 @@ class SpmdHooks:
             lines.append(f"trace: {path}")
         return lines
 
+    def agree(self, item: pytest.Item, when: str, error: BaseException | None) -> None:
+        """Every rank ends a multirank test's setup or teardown alike: a fixture that failed
+        (or a leak found) on one rank fails it on all, said by rank; a skip in one rank's setup
+        skips it on all. Returns where every rank's went well; raises otherwise."""
+        __tracebackhide__ = True
+        kind = None if error is None else "skipped" if isinstance(error, Skipped) else "failed"
+        mine = b"" if error is None else f"{kind}\n{_error_text(error)}".encode()
+        try:
+            if self.stopping is not None:
+                raise RunStopping(self.stopping)
+            self._in_test = True  # waiting for the others: a stop from torchrun ends the wait
+            try:
+                what = f"end the {when} of the test"
+                everyone = self.coord.all_gather(f"phase-{when}", mine, self.start_timeout, what)
+            finally:
+                self._in_test = False
+        except RunStopping:  # the run ends: what this rank knows is what it says
+            if error is not None:
+                raise error from None
+            return
+        except RanksMissing as exc:
+            if error is not None:
+                raise error from None
+            self._missing(item, exc)
+        others = [(r, *blob.decode().split("\n", 1)) for r, blob in enumerate(everyone) if r != self.rank and blob]
+        if not others:
+            if error is not None:
+                raise error
+            return
+        failed = [(r, text) for r, how, text in others if how == "failed"]
+        where = "fixture setup" if when == "setup" else "teardown"
+        if error is not None and (kind == "failed" or not failed):
+            if not failed:
+                raise error
+            if not isinstance(error, OutcomeException):  # its traceback, the others' words below
+                error.add_note("\n".join(f"rank {r}: failed in {where}: {text}" for r, text in failed))
+                raise error
+            failed.insert(0, (self.rank, _error_text(error)))
+        if failed:
+            lines = [f"rank {r}: failed in {where}: {text}" for r, text in failed]
+            ranks = ",".join(str(r) for r, _ in failed)
+            head = f"the test's {when} failed on rank{'s' if len(failed) > 1 else ''} {ranks}"
+            raise fail_with("\n".join([head, *lines]), lines[0])
+        if when == "setup":  # skipped on some ranks: on every rank, as the body cannot run on only some
+            r, _, reason = others[0]
+            raise Skipped(f"{reason} (on rank {r})", _use_item_location=True)
+
     def _missing(self, item: pytest.Item, exc: RanksMissing) -> NoReturn:
         message = f"{exc}; the run stops here"
         item.session.shouldfail = f"ddphooks: {exc}"
@@ -628,6 +675,46 @@ class SpmdHooks:
         thread.start()
         thread.join(REPORT_GRACE)
         return done.is_set()
+
+
+class SpmdPhases:
+    """Under torchrun, around every other hook: a multirank test's setup and teardown end
+    alike on every rank (``SpmdHooks.agree``), so no rank goes on to a test the others never
+    reach, and rank 0's report says what failed on the others."""
+
+    def __init__(self, hooks: SpmdHooks) -> None:
+        self.hooks = hooks
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        return (yield from self._agreed(item, "setup"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        return (yield from self._agreed(item, "teardown"))
+
+    def _agreed(self, item: pytest.Item, when: str) -> Generator[None, None, None]:
+        __tracebackhide__ = True
+        if RUN_KEY not in item.stash:
+            return (yield)
+        error: BaseException | None = None
+        try:
+            result = yield
+        except BaseException as exc:
+            error = exc
+        self.hooks.agree(item, when, error)
+        return result
+
+
+def _error_text(error: BaseException) -> str:
+    """What another rank's report says of this rank's error: its type and whole message."""
+    text = str(error).strip()
+    if isinstance(error, Skipped):
+        return text
+    lines = text.splitlines()
+    if len(lines) > 20:
+        lines = [*lines[:20], f"... ({len(lines) - 20} more lines on this rank)"]
+    return f"{type(error).__name__}: " + "\n  ".join(lines)
 
 
 def _captured_output(item: pytest.Item) -> list[tuple[str, str, str]]:

@@ -10,11 +10,12 @@ test that may have broken it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -175,6 +176,11 @@ class Coordinator:
         key = self._key(name)
         self.store.set(f"{key}/{self.rank}", value)
         keys = [f"{key}/{r}" for r in range(self.world_size)]
+        with native_warnings_silenced():
+            self._await(keys, timeout, what, watch)
+        return [bytes(self.store.get(k)) for k in keys]
+
+    def _await(self, keys: list[str], timeout: float, what: str, watch: str | None) -> None:
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -191,13 +197,28 @@ class Coordinator:
                     if missing:
                         raise RanksMissing(what, missing, timeout) from None
                     break
-        return [bytes(self.store.get(k)) for k in keys]
 
     def arrived(self, name: str) -> dict[int, bytes]:
         """What the ranks that already posted for this rank's next call of ``name`` posted."""
         n = self._calls.get(name, 0) + 1
         keys = {r: f"{name}/{n}/{r}" for r in range(self.world_size)}
         return {r: bytes(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
+
+
+@contextlib.contextmanager
+def native_warnings_silenced() -> Iterator[None]:
+    """While the harness waits on the store in short steps: the store client's warning for
+    each step that timed out (``waitForInput ... timed out after 250ms``) is not written
+    into the test's captured stderr or onto the terminal; ``say`` still reaches it."""
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def first_difference(lists: Sequence[Sequence[str]]) -> str | None:

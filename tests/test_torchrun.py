@@ -448,6 +448,9 @@ def test_a_failure_on_one_rank_is_reported_at_once_and_rank_0_reports_last(pytes
     assert "test_clean_after_the_leak leaked" not in out
     # rank 1 ended first with a failure: rank 0 still ran its plain test and wrote its reports
     assert "1 failed, 3 passed, 1 error" in out
+    # meanwhile rank 1 waited for rank 0 in short steps on the store, whose client warns of each
+    # step that timed out: not onto the terminal, nor into a test's captured stderr
+    assert "waitForInput" not in out, out
     root = ET.parse(pytester.path / "out.xml").getroot()
     assert {c.get("name") for c in root.iter("testcase")} >= {
         "test_rank1_raises",

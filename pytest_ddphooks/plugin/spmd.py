@@ -42,6 +42,7 @@ from ..spmd import (
     desyncs,
     first_difference,
     init_group,
+    native_warnings_silenced,
     say,
     who_never_entered,
 )
@@ -190,6 +191,14 @@ class SpmdHooks:
             for line in self.deselected:
                 terminalreporter.line(f"  {line}")
 
+    @pytest.hookimpl(tryfirst=True, specname="pytest_unconfigure")
+    def default_term_once_reported(self, config: pytest.Config) -> None:
+        """A rank other than 0 has nothing left to report: a SIGTERM from torchrun (rank 0
+        ended with failures) ends it with the signal's default action from here, its stacks
+        no longer dumped on the terminal."""
+        if self.rank != 0:
+            _default_term()
+
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Rank 0 reports for every rank, after the others finished their part: they wait
@@ -203,7 +212,8 @@ class SpmdHooks:
                 while self.stopping is None:
                     began = time.monotonic()
                     try:
-                        self.coord.store.wait([SESSION_DONE], timedelta(seconds=0.5))
+                        with native_warnings_silenced():
+                            self.coord.store.wait([SESSION_DONE], timedelta(seconds=0.5))
                         break
                     except Exception:
                         if time.monotonic() - began < 0.25:
@@ -211,9 +221,7 @@ class SpmdHooks:
         # every report is written: a SIGTERM torchrun sends now (another rank ended with an
         # error) finds the interpreter shutting down, where a handler of ours could crash it;
         # it ends the process as it would without us (a rank stuck in its shutdown included)
-        with contextlib.suppress(Exception):
-            faulthandler.unregister(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _default_term()
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.deselected:
@@ -677,6 +685,12 @@ class SpmdHooks:
         return done.is_set()
 
 
+def _default_term() -> None:
+    with contextlib.suppress(Exception):
+        faulthandler.unregister(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class SpmdPhases:
     """Under torchrun, around every other hook: a multirank test's setup and teardown end
     alike on every rank (``SpmdHooks.agree``), so no rank goes on to a test the others never
@@ -755,7 +769,13 @@ def _paired_by_group(info: Any) -> bool:
 
 
 def _first_line(report: pytest.TestReport) -> str:
+    """What a plain test's failure on another rank is, in words: its message (a leak's lists
+    what leaked) and where it was raised, unless that is this plugin (a leak found)."""
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
-        return f"{crash.message.splitlines()[0] if crash.message else ''} ({crash.path}:{crash.lineno})"
+        lines = (crash.message or "").splitlines() or [""]
+        if len(lines) > 20:
+            lines = [*lines[:20], f"... ({len(lines) - 20} more lines on that rank)"]
+        where = "" if "pytest_ddphooks" in str(crash.path) else f" ({crash.path}:{crash.lineno})"
+        return "\n  ".join(lines) + where
     return str(report.longrepr).strip().splitlines()[-1] if report.longrepr else "failed"

@@ -325,6 +325,7 @@ def test_a_setup_or_teardown_that_fails_on_one_rank_fails_on_all_and_rank_0_says
     pytester.makepyfile(
         test_phases="""
         import subprocess
+        import unittest
         import pytest
         import torch.distributed as dist
 
@@ -362,14 +363,28 @@ def test_a_setup_or_teardown_that_fails_on_one_rank_fails_on_all_and_rank_0_says
         def test_4_skip(rank, gpu):
             dist.barrier()
 
+        @pytest.fixture
+        def unittest_skip(rank):
+            if rank == 1:
+                raise unittest.SkipTest("unittest skip on rank 1")
+
         @pytest.mark.multirank(world_size=2)
-        def test_5_next(rank):
+        def test_5_unittest_skip(rank, unittest_skip):
+            dist.barrier()
+
+        @pytest.mark.xfail(run=False, reason="not yet")
+        @pytest.mark.multirank(world_size=2)
+        def test_6_xfail_not_run(rank):
+            dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_7_next(rank):
             dist.barrier()
         """
     )
     code, out, _ = torchrun(pytester.path, "-rA", "--junitxml=out.xml")
     assert code != 0, out
-    assert "= 3 passed, 1 skipped, 3 errors" in out, out
+    assert "= 3 passed, 2 skipped, 1 xfailed, 3 errors" in out, out
     expected = [
         "ERROR at setup of test_1_setup",
         "rank 1: failed in fixture setup: OSError: rank 1 has no data",

@@ -208,7 +208,7 @@ class LeakHooks:
         removed) is no leak of the test whose teardown ended the scope: the test is judged
         on what changed until the scope began to end. Registered after the fixtures, so it
         runs before their teardown."""
-        live = _live_scopes(item.session) or set()
+        live = getattr(getattr(item.session, "_setupstate", None), "stack", None) or {}
         for node in {self._scope_node(item, fd.scope) for fd in fixtures}:
             if node in live:
                 node.addfinalizer(self._scope_ends)

@@ -20,12 +20,13 @@ import tempfile
 import threading
 import time
 import traceback
+import unittest
 from collections.abc import Generator
 from datetime import timedelta
 from typing import Any, Literal, NoReturn
 
 import pytest
-from _pytest.outcomes import OutcomeException, Skipped
+from _pytest.outcomes import Exit, OutcomeException, Skipped, XFailed
 
 from .. import blobs
 from ..failure import classify, first_failure
@@ -42,7 +43,6 @@ from ..spmd import (
     desyncs,
     first_difference,
     init_group,
-    native_warnings_silenced,
     say,
     who_never_entered,
 )
@@ -209,15 +209,10 @@ class SpmdHooks:
             else:
                 # in short waits: a SIGTERM from torchrun (rank 0 is being stopped too, or
                 # ended) is taken between them
-                while self.stopping is None:
-                    began = time.monotonic()
-                    try:
-                        with native_warnings_silenced():
-                            self.coord.store.wait([SESSION_DONE], timedelta(seconds=0.5))
-                        break
-                    except Exception:
-                        if time.monotonic() - began < 0.25:
-                            break  # not a time-out: the store is gone, and rank 0 with it
+                # asked in steps (a store wait that times out logs a warning each time); a
+                # store that is gone (rank 0 with it) ends the wait by raising
+                while self.stopping is None and not self.coord.store.check([SESSION_DONE]):
+                    time.sleep(0.05)
         # every report is written: a SIGTERM torchrun sends now (another rank ended with an
         # error) finds the interpreter shutting down, where a handler of ours could crash it;
         # it ends the process as it would without us (a rank stuck in its shutdown included)
@@ -383,34 +378,29 @@ class SpmdHooks:
 
     def agree(self, item: pytest.Item, when: str, error: BaseException | None) -> None:
         """Every rank ends a multirank test's setup or teardown alike: a fixture that failed
-        (or a leak found) on one rank fails it on all, said by rank; a skip in one rank's setup
-        skips it on all. Returns where every rank's went well; raises otherwise."""
+        (or a leak found) on one rank fails it on all, said by rank; a skip (or an xfail) in
+        one rank's setup skips it on all; a rank interrupted stops the others' sessions.
+        Returns where every rank's went well; raises otherwise."""
         __tracebackhide__ = True
-        kind = None if error is None else "skipped" if isinstance(error, Skipped) else "failed"
-        mine = b"" if error is None else f"{kind}\n{_error_text(error)}".encode()
-        try:
-            if self.stopping is not None:
-                raise RunStopping(self.stopping)
-            self._in_test = True  # waiting for the others: a stop from torchrun ends the wait
-            try:
-                what = f"end the {when} of the test"
-                everyone = self.coord.all_gather(f"phase-{when}", mine, self.start_timeout, what)
-            finally:
-                self._in_test = False
-        except RunStopping:  # the run ends: what this rank knows is what it says
-            if error is not None:
-                raise error from None
-            return
-        except RanksMissing as exc:
-            if error is not None:
-                raise error from None
-            self._missing(item, exc)
-        others = [(r, *blob.decode().split("\n", 1)) for r, blob in enumerate(everyone) if r != self.rank and blob]
-        if not others:
-            if error is not None:
-                raise error
-            return
-        failed = [(r, text) for r, how, text in others if how == "failed"]
+        kind = _phase_outcome(error)
+        mine = b"" if error is None else f"{item.nodeid}\n{kind}\n{_error_text(error)}".encode()
+        if kind == "stopped":  # said to the others, not waited for: this rank's session ends
+            with contextlib.suppress(Exception):
+                self.coord.post(f"phase-{when}", mine)
+            assert error is not None  # "stopped" is an error's outcome
+            raise error
+        if str(item.session.shouldfail).startswith("ddphooks:"):
+            everyone = None  # the run stops: a rank that left is not waited for again
+        else:
+            everyone = self._gather_phase(item, when, mine, error)
+        others = [] if everyone is None else _phase_posts(everyone, self.rank)
+        wrong = [r for r, nodeid, _, _ in others if nodeid != item.nodeid]
+        if wrong:
+            self._missing(item, RanksMissing(f"end the {when} of {item.nodeid!r} (it is elsewhere)", wrong, 0))
+        stopped = [(r, text) for r, _, how, text in others if how == "stopped"]
+        if stopped:
+            item.session.shouldstop = f"ddphooks: rank {stopped[0][0]} was interrupted: {stopped[0][1]}"
+        failed = [(r, text) for r, _, how, text in others if how in ("failed", "stopped")]
         where = "fixture setup" if when == "setup" else "teardown"
         if error is not None and (kind == "failed" or not failed):
             if not failed:
@@ -424,9 +414,36 @@ class SpmdHooks:
             ranks = ",".join(str(r) for r, _ in failed)
             head = f"the test's {when} failed on rank{'s' if len(failed) > 1 else ''} {ranks}"
             raise fail_with("\n".join([head, *lines]), lines[0])
-        if when == "setup":  # skipped on some ranks: on every rank, as the body cannot run on only some
-            r, _, reason = others[0]
+        if error is not None:
+            raise error
+        if when == "setup" and others:  # skipped (or xfailed) on some ranks: the body runs on none
+            r, _, how, reason = others[0]
+            if how == "xfailed":
+                raise XFailed(f"{reason} (on rank {r})")
             raise Skipped(f"{reason} (on rank {r})", _use_item_location=True)
+
+    def _gather_phase(
+        self, item: pytest.Item, when: str, mine: bytes, error: BaseException | None
+    ) -> list[bytes] | None:
+        """Every rank's post for this phase; None where torchrun stops the run meanwhile (this
+        rank's own error, if any, is raised)."""
+        try:
+            if self.stopping is not None:
+                raise RunStopping(self.stopping)
+            self._in_test = True  # waiting for the others: a stop from torchrun ends the wait
+            try:
+                what = f"end the {when} of the test"
+                return self.coord.all_gather(f"phase-{when}", mine, self.start_timeout, what)
+            finally:
+                self._in_test = False
+        except RunStopping:  # the run ends: what this rank knows is what it says
+            if error is not None:
+                raise error from None
+            return None
+        except RanksMissing as exc:
+            if error is not None:
+                raise error from None
+            self._missing(item, exc)
 
     def _missing(self, item: pytest.Item, exc: RanksMissing) -> NoReturn:
         message = f"{exc}; the run stops here"
@@ -720,10 +737,33 @@ class SpmdPhases:
         return result
 
 
+def _phase_outcome(error: BaseException | None) -> str | None:
+    """How a rank's setup or teardown ended, in the words the ranks exchange."""
+    if error is None:
+        return None
+    if isinstance(error, (KeyboardInterrupt, SystemExit, Exit)):
+        return "stopped"
+    if isinstance(error, XFailed):
+        return "xfailed"
+    if isinstance(error, (Skipped, unittest.SkipTest)):
+        return "skipped"
+    return "failed"
+
+
+def _phase_posts(everyone: list[bytes], me: int) -> list[tuple[int, str, str, str]]:
+    """(rank, test id, outcome, words) of the other ranks whose phase did not go well."""
+    out = []
+    for r, blob in enumerate(everyone):
+        if r != me and blob:
+            nodeid, how, text = blob.decode().split("\n", 2)
+            out.append((r, nodeid, how, text))
+    return out
+
+
 def _error_text(error: BaseException) -> str:
     """What another rank's report says of this rank's error: its type and whole message."""
     text = str(error).strip()
-    if isinstance(error, Skipped):
+    if isinstance(error, (Skipped, XFailed, unittest.SkipTest)):
         return text
     lines = text.splitlines()
     if len(lines) > 20:

@@ -252,6 +252,8 @@ class Lanes:
         for rank, evs in by_rank.items():
             for e in evs:
                 if e.kind == events.GROUP and e.phase == events.END and e.name.endswith("init_process_group"):
+                    if "error" in e.info:
+                        continue  # it raised: no group came of it
                     given = e.info.get("rank")
                     inits.setdefault(rank, []).append((e.index, given if isinstance(given, int) else None))
         self._inits = {rank: [index for index, _ in found] for rank, found in inits.items()}

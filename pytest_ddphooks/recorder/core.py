@@ -118,6 +118,7 @@ class Recorder(EventLog):
     def close(self) -> None:
         """Undo every instrumentation and stop recording torch.distributed calls."""
         self._closed = True
+        self.let_go()
         while self._undo:
             self._undo.pop()()
         if self._active:

@@ -607,8 +607,10 @@ def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
+        if _compiling():
+            return original(*args, **kwargs)
         rec = active._current
-        if rec is None or _tls.depth or _compiling():
+        if rec is None or _tls.depth:
             return original(*args, **kwargs)
         bound = dict(defaults)
         bound.update(zip(params, args, strict=False))
@@ -785,8 +787,10 @@ def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[.
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
+        if _compiling():
+            return original(self, *args, **kwargs)
         rec = active._current
-        if rec is None or _tls.depth or _compiling():
+        if rec is None or _tls.depth:
             return original(self, *args, **kwargs)
         call = describe_safely(op, build, rec, self, args)
         return run_recorded(rec, events.COLLECTIVE, name, call, original, (self, *args), kwargs)
@@ -813,8 +817,10 @@ def _wrap_p2p_method(
 
     def wrapper(self: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
+        if _compiling():
+            return original(self, tensors, *args, **kwargs)
         rec = active._current
-        if rec is None or _tls.depth or _compiling():
+        if rec is None or _tls.depth:
             return original(self, tensors, *args, **kwargs)
         try:
             pg = group_of(self, tensors)
@@ -845,8 +851,10 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
 
     def wait(awaited: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
+        if _compiling():
+            return original(awaited, *args, **kwargs)
         rec = active._current
-        if rec is None or _tls.depth or _compiling():
+        if rec is None or _tls.depth:
             return original(awaited, *args, **kwargs)
         target = key(awaited)
         calls = rec.waited(target)
@@ -956,6 +964,17 @@ def _wrap_wait_all(original: Callable[..., Any]) -> Callable[..., Any]:
     return wait_all
 
 
+def _ended_well(awaited: Any) -> bool:
+    """A Work or future found done ended without an error."""
+    try:
+        if hasattr(awaited, "exception"):  # a Work
+            return awaited.exception() is None
+        awaited.value()  # a future: raises its error
+        return True
+    except Exception:
+        return False
+
+
 def _wrap_poll(original: Callable[..., Any], key: Callable[[Any], Any]) -> Callable[..., Any]:
     """``Work.is_completed()`` / ``Future.done()``: a poll that finds the call complete is where
     it completes, as a wait that returned at once would be."""
@@ -964,7 +983,8 @@ def _wrap_poll(original: Callable[..., Any], key: Callable[[Any], Any]) -> Calla
     def poll(awaited: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         done = original(awaited, *args, **kwargs)
-        return waited(awaited, done) if done is True else done
+        # done with an error (a time-out) is no completion: the wait that raises it says so
+        return waited(awaited, done) if done is True and _ended_well(awaited) else done
 
     functools.update_wrapper(poll, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(poll, _MARK, original)
@@ -1054,8 +1074,10 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
+        if _compiling():
+            return original(*args, **kwargs)
         rec = active._current
-        if rec is None or _tls.depth or _compiling():
+        if rec is None or _tls.depth:
             return original(*args, **kwargs)
         call = describe_safely(op, build, rec, args, kwargs)
         return run_recorded(rec, events.COLLECTIVE, name, call, original, args, kwargs)

@@ -23,7 +23,9 @@ _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
 # an asynchronous call waiting for its completion: (its Work, call id, name, start info, static info)
 Pending = tuple[Any, int, str, dict[str, Any], Any]
 _TRACKED_GAP = 4096  # of a longer run of calls the recorder did not see, the last ones are looked for
-_HANDED_KEPT = 4096  # futures of asynchronous calls kept for a wait from Python (most are waited natively)
+# futures of asynchronous calls kept for a wait from Python: most are waited for natively (DDP's
+# reducer, once a step per bucket), and each holds its value; a wait from Python comes soon
+_HANDED_KEPT = 64
 
 
 def group_counter(pg: Any) -> int | None:
@@ -276,6 +278,12 @@ class EventLog:
         self.described_calls.clear()
         self._native_upto.clear()
         self._native_above.clear()
+        self.let_go()
+
+    def let_go(self) -> None:
+        """Forget the futures calls were handed to: what they hold (their values, a Work's
+        connections to its group) is not kept alive past the groups or the recorder."""
+        self._handed.clear()
 
     def _counter_of(self, group: str) -> _GroupCounter:
         state = self._counters.get(group)
@@ -404,12 +412,15 @@ class EventLog:
 
     def waited(self, work: Any) -> list[Pending]:
         """The calls that waiting for ``work`` (a Work, or a future calls were handed to)
-        completes: an asynchronous call's Work once; a future each time (it may be waited again)."""
+        completes, once: a later wait for it completes nothing more."""
         found = self._pending.pop(id(work), None)
         if found is not None:
             return [found]
-        held = self._handed.get(id(work)) if self._handed else None
-        return list(held[1]) if held is not None and held[0] is work else []
+        held = self._handed.pop(id(work), None) if self._handed else None
+        if held is not None and held[0] is not work:
+            self._handed[id(work)] = held  # another object under a reused id: not this one's
+            return []
+        return list(held[1]) if held is not None else []
 
     def waited_view(self, tensor: Any) -> list[Pending]:
         """The call whose result ``tensor`` views (a view of a functional collective's result,
@@ -418,14 +429,17 @@ class EventLog:
             storage = tensor.untyped_storage().data_ptr()
         except Exception:
             return []
+        if not storage:  # no bytes: every empty storage is at 0
+            return []
         for key, pending in list(self._pending.items()):
             target = pending[0]
+            if not hasattr(target, "untyped_storage"):
+                continue  # a Work
             try:
                 same = target is not tensor and target.untyped_storage().data_ptr() == storage
             except Exception:
                 continue
-            if same:
-                del self._pending[key]
+            if same and self._pending.pop(key, None) is not None:
                 return [pending]
         return []
 

@@ -644,7 +644,8 @@ class Timeline:
             if span.kind != events.P2P or info.get("sync") != collectives.RECV:
                 continue
             message = received.get((span.rank, span.start.call_id))
-            if message is None and span.end is None and info.get("src") is not None:
+            never_returned = span.end is None or "error" in span.end.info
+            if message is None and never_returned and info.get("src") is not None:
                 wanted = ("p", info.get("group"), self.lane_of(info["src"], span.start), span.rank, info.get("tag", 0))
                 pending = [
                     inst

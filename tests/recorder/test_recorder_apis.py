@@ -304,6 +304,7 @@ def test_an_asynchronous_call_completes_where_python_learns_it_did(pytester) -> 
     result = run(
         pytester,
         """
+from datetime import timedelta
 import torch.distributed._functional_collectives as funcol
 
 def complete(how):
@@ -374,6 +375,21 @@ def test_still_running(rank, recorder):
     waits = [e for e in tl.for_rank(1) if e.name == "dist.all_reduce.wait" and e.phase == "start"]
     assert len(waits) == 1  # work.wait(), not the poll
 
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_failed_poll(rank, recorder):
+    # done, with an error (rank 1 never enters it, the group times out): no completion
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=1))
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(1), group=group, async_op=True)
+        while not work.is_completed():
+            pass
+        assert work.exception() is not None
+    tl = recorder.timeline()
+    assert not [e for e in tl.for_rank(0) if e.name == "dist.all_reduce.wait"]
+    if rank == 0:
+        with pytest.raises(Exception):
+            work.wait()
+
 @pytest.mark.multirank(world_size=2)
 def test_unused(rank, recorder):
     out = funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD)
@@ -383,7 +399,7 @@ def test_unused(rank, recorder):
     out.wait()
 """,
     )
-    result.assert_outcomes(passed=12)
+    result.assert_outcomes(passed=13)
 
 
 def test_torch_compile_of_code_that_calls_collectives_runs_as_without_the_plugin(pytester) -> None:

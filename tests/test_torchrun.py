@@ -149,6 +149,9 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
     assert case is not None
     failure = case.find("failure")
     assert failure is not None and "rank 1 never entered it" in (failure.text or "")
+    # its time is what it lasted: until the ranks' own watchdogs ended the run, 5 s past the
+    # 2 s limit (it once said the limit twice, for the call and the teardown: 4 s)
+    assert 7.0 <= float(case.get("time", "0")) < seconds, (case.get("time"), seconds)
     # the ranks end as a session with a failed test does (3 would say pytest crashed)
     assert not re.search(r"exitcode\s*:\s*3\b", out), out
 

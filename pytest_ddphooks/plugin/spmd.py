@@ -91,6 +91,7 @@ class SpmdHooks:
         self.stopping: str | None = None  # why torchrun is stopping the run (it sent SIGTERM)
         self._in_test = False  # inside a multirank test's body or its exchange of results
         self._session: pytest.Session | None = None
+        self._call_began = (0.0, 0.0)  # (time.time(), time.monotonic()) as the running test's body began
         # torchrun stops the other workers with SIGTERM when one fails: say where this one was
         # (faulthandler), then end the test and the session's reports in the time torchrun
         # gives before it kills (this handler)
@@ -486,6 +487,7 @@ class SpmdHooks:
         watchdog.name = "ddphooks-spmd-watchdog"
         watchdog.start()
         started = time.monotonic()
+        self._call_began = (time.time(), started)  # what a hung test's report says it lasted
         error: BaseException | None = None
         try:
             yield
@@ -674,14 +676,17 @@ class SpmdHooks:
                     out, err = capman.read_global_capture()
                     sections = [(f"Captured {k} call", v) for k, v in (("stdout", out), ("stderr", err)) if v]
             now = time.time()
+            began, began_monotonic = self._call_began
+            lasted = time.monotonic() - began_monotonic  # the body's wall time, not the limit
             keywords: dict[str, Literal[1]] = {k: 1 for k in item.keywords}
             steps: tuple[tuple[Literal["call", "teardown"], Literal["failed", "passed"], str | None], ...] = (
                 ("call", "failed", text),
                 ("teardown", "passed", None),
             )
             for when, outcome, longrepr in steps:
+                duration, start = (lasted, began) if when == "call" else (0.0, now)
                 rep = TestReport(
-                    item.nodeid, item.location, keywords, outcome, longrepr, when, sections, limit, now, now
+                    item.nodeid, item.location, keywords, outcome, longrepr, when, sections, duration, start, now
                 )
                 if when == "call":
                     page.attach_unrun(item, rep)  # on the HTML page too, without its ranks' lanes

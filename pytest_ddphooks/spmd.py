@@ -167,17 +167,19 @@ class Coordinator:
         self._calls[name] = n
         return f"{name}/{n}"
 
-    def post(self, name: str, value: bytes) -> None:
-        """This rank's ``value`` for the n-th call of ``name``, not waiting for the others'."""
-        self.store.set(f"{self._key(name)}/{self.rank}", value)
+    def post(self, name: str, value: bytes) -> str:
+        """This rank's ``value`` for the n-th call of ``name``, not waiting for the others';
+        returns the call's key."""
+        key = self._key(name)
+        self.store.set(f"{key}/{self.rank}", value)
+        return key
 
     def all_gather(
         self, name: str, value: bytes, timeout: float, what: str = "arrive", watch: str | None = None
     ) -> list[bytes]:
         """Every rank's ``value`` for the n-th call of ``name``; RanksMissing after ``timeout``.
         With ``watch``, a rank that posts ``watch/<rank>`` meanwhile raises RankHung."""
-        key = self._key(name)
-        self.store.set(f"{key}/{self.rank}", value)
+        key = self.post(name, value)
         keys = [f"{key}/{r}" for r in range(self.world_size)]
         self._await(keys, timeout, what, watch)
         return [bytes(self.store.get(k)) for k in keys]

@@ -142,18 +142,18 @@ def add_options(parser: pytest.Parser) -> None:
                 )
         if opt.store_true:  # the flag, or its ini twin set to true
             parser.addini(opt.name, opt.help, type="bool", default=False)
-        elif opt.number is not None and _add_number(parser, opt):
-            pass
         else:
-            parser.addini(opt.name, opt.help, type=opt.ini_type, default=opt.ini_default)  # type: ignore[arg-type]
+            _add_ini_value(parser, opt)
 
 
-def _add_number(parser: pytest.Parser, opt: Option) -> bool:
-    """An ini value a string or a number: pytest 9's native TOML tables (``[tool.pytest]``)
-    give numbers as numbers, an ini file gives strings. False where this pytest takes no
-    union of types (before 9.1): then it is a string, as an ini file gives."""
-    try:
-        parser.addini(opt.name, opt.help, type=str | opt.number, default=opt.ini_default)  # type: ignore[operator,arg-type]
-    except (AssertionError, TypeError, ValueError):
-        return False
-    return True
+def _add_ini_value(parser: pytest.Parser, opt: Option) -> None:
+    """A string, or for a number also a TOML number: pytest 9's native TOML tables
+    (``[tool.pytest]``) give numbers as numbers, an ini file gives strings. A pytest that takes
+    no union of types (before 9.1) gets a string, as an ini file gives."""
+    if opt.number is not None:
+        try:
+            parser.addini(opt.name, opt.help, type=str | opt.number, default=opt.ini_default)  # type: ignore[arg-type]
+            return
+        except (AssertionError, TypeError, ValueError):
+            pass
+    parser.addini(opt.name, opt.help, type=opt.ini_type, default=opt.ini_default)  # type: ignore[arg-type]

@@ -770,10 +770,15 @@ def _error_text(error: BaseException) -> str:
     text = str(error).strip()
     if isinstance(error, (Skipped, XFailed, unittest.SkipTest)):
         return text
-    lines = text.splitlines()
-    if len(lines) > 20:
-        lines = [*lines[:20], f"... ({len(lines) - 20} more lines on this rank)"]
-    return f"{type(error).__name__}: " + "\n  ".join(lines)
+    return f"{type(error).__name__}: " + _clipped(text)
+
+
+def _clipped(text: str, most: int = 20) -> str:
+    """A message told in another rank's report: its first ``most`` lines, indented under the first."""
+    lines = text.splitlines() or [""]
+    if len(lines) > most:
+        lines = [*lines[:most], f"... ({len(lines) - most} more lines on that rank)"]
+    return "\n  ".join(lines)
 
 
 def _captured_output(item: pytest.Item) -> list[tuple[str, str, str]]:
@@ -818,9 +823,6 @@ def _first_line(report: pytest.TestReport) -> str:
     what leaked) and where it was raised, unless that is this plugin (a leak found)."""
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
-        lines = (crash.message or "").splitlines() or [""]
-        if len(lines) > 20:
-            lines = [*lines[:20], f"... ({len(lines) - 20} more lines on that rank)"]
         where = "" if "pytest_ddphooks" in str(crash.path) else f" ({crash.path}:{crash.lineno})"
-        return "\n  ".join(lines) + where
+        return _clipped(crash.message or "") + where
     return str(report.longrepr).strip().splitlines()[-1] if report.longrepr else "failed"

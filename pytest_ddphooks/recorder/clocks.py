@@ -167,10 +167,10 @@ def _pair(
 
 def instances(by_rank: Mapping[int, Sequence[Event]], lane: Lanes | None = None) -> dict[tuple[Any, ...], Instance]:
     """Group the recorded collectives and sends/recvs of all ranks into instances (``lane``:
-    ``lanes_of(by_rank)``, where the caller has it already)."""
+    ``Lanes(by_rank)``, where the caller has it already)."""
     found: dict[tuple[Any, ...], Instance] = {}
     world = tuple(sorted(by_rank))
-    lane = lane or lanes_of(by_rank)
+    lane = lane or Lanes(by_rank)
     for rank, evs in by_rank.items():
         open_starts: dict[int, Event] = {}
         of_call: dict[int, Instance] = {}  # call id -> its instance, for the wait of an async call
@@ -272,11 +272,6 @@ class Lanes:
         k = 0 if at is None else bisect_right(self._inits.get(at.rank, []), at.index) - 1
         lane_of = self._by_round[k] if 0 <= k < len(self._by_round) else {}
         return lane_of.get(int(group_rank), int(group_rank))
-
-
-def lanes_of(by_rank: Mapping[int, Sequence[Event]]) -> Lanes:
-    """The lanes of the ranks a recorded event names (see ``Lanes``)."""
-    return Lanes(by_rank)
 
 
 def lanes_by_place(placed: Mapping[int, int]) -> dict[int, int]:

@@ -209,10 +209,9 @@ def payload_bytes(payload: Any) -> int | None:
     elements = payload_elements(payload)
     if not isinstance(elements, tuple) or not elements:
         return None
-    sizes = [_ITEM_BYTES.get(dtype) for dtype, _ in elements]
-    if None in sizes:
+    if any(dtype not in _ITEM_BYTES for dtype, _ in elements):
         return None
-    return sum(int(size) * n for size, (_, n) in zip(sizes, elements, strict=True) if size is not None)
+    return sum(_ITEM_BYTES[dtype] * n for dtype, n in elements)
 
 
 def no_elements(payload: Any) -> bool:

@@ -90,10 +90,10 @@ def _patch(name: str, module: types.ModuleType) -> None:
 
 def _know_compiling() -> None:
     """Take torch.compiler.is_compiling once torch has it (it may still be importing)."""
-    global _is_compiling
+    global _compiling
     found = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", None)
     if found is not None:
-        _is_compiling = found
+        _compiling = found
 
 
 def installed() -> bool:
@@ -137,17 +137,14 @@ def _dist() -> Any:
     return sys.modules["torch.distributed"]
 
 
-def _compiling() -> bool:
-    """Whether torch.compile is tracing the call: then a wrapper is not there (the graph's
-    collectives run from native code, read as such), and never what breaks the tracing."""
-    return _is_compiling()
-
-
 def _not_compiling() -> bool:
     return False
 
 
-_is_compiling: Callable[[], bool] = _not_compiling  # torch.compiler.is_compiling, once torch is loaded
+# whether torch.compile is tracing the call (torch.compiler.is_compiling, once torch has it):
+# then a wrapper is not there (the graph's collectives run from native code, read as such),
+# and never what breaks the tracing
+_compiling: Callable[[], bool] = _not_compiling
 
 
 # -- what a call is about: its group, its place in the group's sequence --------------------
@@ -768,10 +765,10 @@ def _patch_methods(c10d_c: types.ModuleType) -> None:
     for method, wrap in (("wait", _wrap_wait), ("done", _wrap_poll)):
         original = getattr(future, method, None)
         if original is not None and not hasattr(original, _MARK):
-            setattr(future, method, wrap(original, _the_future))
+            setattr(future, method, wrap(original, _identity))
     original = getattr(future, "then", None)
     if original is not None and not hasattr(original, _MARK):
-        future.then = _wrap_then(original)  # type: ignore[union-attr]
+        future.then = _wrap_derived(original, _listed)  # type: ignore[union-attr]
 
 
 def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -872,7 +869,7 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
             kwargs,
         )
         for other in calls[1:]:  # the others completed with it (a future made of several)
-            run_recorded(rec, events.WAIT, other[2] + suffix, _wait_call(rec, other, future), _returned, (result,), {})
+            run_recorded(rec, events.WAIT, other[2] + suffix, _wait_call(rec, other, future), _identity, (result,), {})
         if future:
             rec.handed(result, calls)  # its wait from Python completes them
             rec.handed(awaited, calls)  # and so does the Work's own, later
@@ -881,10 +878,6 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
     functools.update_wrapper(wait, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wait, _MARK, original)
     return wait
-
-
-def _returned(value: Any) -> Any:
-    return value
 
 
 def _wait_call(rec: EventLog, pending: Pending, future: bool) -> Call:
@@ -900,57 +893,46 @@ def _wait_call(rec: EventLog, pending: Pending, future: bool) -> Call:
     return call
 
 
-def _wrap_then(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Future.then``: the future it returns completes after this one, so a wait for it
-    completes what was handed to this one."""
+def _wrap_derived(original: Callable[..., Any], sources: Callable[[Any], list[Any]]) -> Callable[..., Any]:
+    """A function that makes a future of others (``Future.then``: of the future it is called
+    on; ``torch.futures.collect_all``: of the futures it is given). It completes after them,
+    so a wait for it completes what was handed to them."""
 
-    def then(future: Any, *args: Any, **kwargs: Any) -> Any:
-        chained = original(future, *args, **kwargs)
+    def derived(first: Any, *args: Any, **kwargs: Any) -> Any:
+        made = original(first, *args, **kwargs)
         rec = active._current
         if rec is not None and not _compiling():
-            calls = rec.handed_to(future)
+            calls = [call for future in sources(first) for call in rec.handed_to(future)]
             if calls:
-                rec.handed(chained, calls)
-        return chained
+                rec.handed(made, calls)
+        return made
 
-    functools.update_wrapper(then, original, assigned=("__name__", "__qualname__", "__doc__"))
-    setattr(then, _MARK, original)
-    return then
-
-
-def _wrap_collect_all(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.futures.collect_all``: the future it returns completes once all it was given
-    did, so a wait for it completes what was handed to each."""
-
-    def collect_all(futures: Any, *args: Any, **kwargs: Any) -> Any:
-        collected = original(futures, *args, **kwargs)
-        rec = active._current
-        if rec is not None and not _compiling():
-            calls = [call for future in futures for call in rec.handed_to(future)]
-            if calls:
-                rec.handed(collected, calls)
-        return collected
-
-    functools.update_wrapper(collect_all, original)
-    setattr(collect_all, _MARK, original)
-    return collect_all
+    functools.update_wrapper(derived, original, assigned=("__name__", "__qualname__", "__doc__"))
+    setattr(derived, _MARK, original)
+    return derived
 
 
-def _the_future(future: Any) -> Any:
-    return future
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _listed(value: Any) -> list[Any]:
+    return [value]
 
 
 def _patch_futures(futures: types.ModuleType) -> None:
-    for function, wrap in (("wait_all", _wrap_wait_all), ("collect_all", _wrap_collect_all)):
-        original = getattr(futures, function, None)
-        if original is not None and not hasattr(original, _MARK):
-            setattr(futures, function, wrap(original))
+    original = getattr(futures, "wait_all", None)
+    if original is not None and not hasattr(original, _MARK):
+        futures.wait_all = _wrap_wait_all(original)  # type: ignore[attr-defined]
+    original = getattr(futures, "collect_all", None)
+    if original is not None and not hasattr(original, _MARK):
+        futures.collect_all = _wrap_derived(original, list)  # type: ignore[attr-defined]
 
 
 def _wrap_wait_all(original: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.futures.wait_all``: it waits in C++ (on futures of its own); once it returned,
     every future it was given is complete, as if each had been waited for."""
-    completed = _wrap_wait(lambda future: None, _the_future)
+    completed = _wrap_wait(lambda future: None, _identity)
 
     def wait_all(futures: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
@@ -1043,7 +1025,7 @@ def _patch_functional(funcol: types.ModuleType) -> None:
     original = getattr(funcol, "wait_tensor", None)
     if original is not None and not hasattr(original, _MARK):
         # typeshed's ModuleType declares no attribute to assign
-        funcol.wait_tensor = _wrap_wait(original, lambda tensor: tensor)  # type: ignore[attr-defined]
+        funcol.wait_tensor = _wrap_wait(original, _identity)  # type: ignore[attr-defined]
 
 
 def _wrap_functional(function: str, op: str, original: Callable[..., Any], funcol: Any) -> Callable[..., Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import DdpHooksWarning
 from . import collectives, events, export
-from .clocks import Clocks, Instance, Lanes, instances, lanes_of, op_of
+from .clocks import Clocks, Instance, Lanes, instances, op_of
 from .events import Event, RawEvent, to_events
 
 
@@ -161,7 +161,7 @@ class Timeline:
     def lane_of(self) -> Lanes:
         """The rank (lane) of a rank of the default group as a call named it (a root, a peer);
         ``lane_of(rank, event)``: as that event named it."""
-        return lanes_of(self._by_rank)
+        return Lanes(self._by_rank)
 
     @cached_property
     def clocks(self) -> Clocks:

@@ -128,6 +128,15 @@ def test_zero3_steps_pair_on_every_rank(rank, recorder):
     assert tl.noop_barriers() == []
 
 
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_zero3_step_rank_1_skips_hangs(rank):
+    engine = engine_with_zero(3)
+    engine.backward(engine(torch.ones(2, 4)).sum())
+    engine.step()
+    if rank == 0:  # the bug: rank 1 leaves the loop a step early
+        engine.backward(engine(torch.ones(2, 4)).sum())
+
+
 @pytest.mark.multirank(world_size=2)
 def test_checkpoint_committed_before_any_rank_loads(rank, recorder, shared_tmp_path):
     engine = engine_with_zero(2)
@@ -181,4 +190,15 @@ def test_deepspeed(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -
     _shared_memory_op_or_skip(monkeypatch)
     pytester.makepyfile(test_deepspeed_inner=DEEPSPEED)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=600)
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=6, failed=1)
+    # the hang is named long before the time limit, with the collective, who never entered and where
+    result.stdout.fnmatch_lines(
+        [
+            "hang: the ranks were stopped after *, not at the 60 s limit: they wait for ranks that finished the test",
+            "  rank 1 finished the test without calling broadcast #* on the default group; rank 0 waits in it",
+            "    ranks that never entered broadcast #*: 1",
+            "    stuck at */deepspeed/comm/torch.py:* in broadcast: *",
+            "      called from test_deepspeed_inner.py:* in test_zero3_step_rank_1_skips_hangs: *",
+            "  rank 1: finished the test body (passed), then waited for the other ranks",
+        ]
+    )

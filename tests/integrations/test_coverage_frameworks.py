@@ -1,10 +1,11 @@
 """Coverage of code only real frameworks run on ranks: a LightningModule's hooks under
-Lightning's DDP strategy and an Accelerate script's main-process branch, each on the plugin's
-ranks (the framework creates the group), measured with pytest-cov and nothing set up."""
+Lightning's DDP strategy, an Accelerate script's main-process branch and a DeepSpeed step's
+rank-0 branch, each on the plugin's ranks, measured with pytest-cov and nothing set up."""
 
 from __future__ import annotations
 
 import pytest
+from deepspeed_op import HAVE_DEEPSPEED, shared_memory_op_or_skip
 from lightning_steps import OPTIMIZER_AND_DATA
 
 pytest.importorskip("pytest_cov", reason="pytest-cov is installed with the test extras (ci/constraints.txt)")
@@ -80,6 +81,32 @@ def test_script_on_ranks(rank):
 """
 
 
+DEEPSPEED_CODE = """
+import deepspeed
+import deepspeed.comm as dcomm
+
+
+def checkpoint_role():
+    deepspeed.init_distributed(dist_backend="gloo")
+    if dcomm.get_rank() == 0:
+        role = "writes the checkpoint"
+    else:
+        role = "reads it"
+    dcomm.barrier()
+    return role
+"""
+
+DEEPSPEED_TEST = """
+import pytest
+from mycode.steps import checkpoint_role
+
+
+@pytest.mark.multirank(world_size=2)
+def test_roles_on_ranks(rank):
+    assert checkpoint_role() == ("writes the checkpoint" if rank == 0 else "reads it")
+"""
+
+
 def _project(pytester: pytest.Pytester, module: str, code: str, test: str) -> pytest.RunResult:
     pytester.mkpydir("mycode")
     (pytester.path / "mycode" / f"{module}.py").write_text(code)
@@ -103,3 +130,11 @@ def test_an_accelerate_scripts_main_process_branch_counts(pytester: pytest.Pytes
     result = _project(pytester, "script", ACCELERATE_CODE, ACCELERATE_TEST)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["mycode/script.py * 0 * 2 * 0 * 100%"])
+
+
+@pytest.mark.skipif(not HAVE_DEEPSPEED, reason="deepspeed is not installed (ci/constraints.txt pins it)")
+def test_a_deepspeed_steps_rank_zero_branch_counts(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    shared_memory_op_or_skip(monkeypatch)
+    result = _project(pytester, "steps", DEEPSPEED_CODE, DEEPSPEED_TEST)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["mycode/steps.py * 0 * 2 * 0 * 100%"])

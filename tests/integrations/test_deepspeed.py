@@ -5,17 +5,8 @@ order is refused and the barrier named."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-HAVE_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
-# read at import, before pytester points HOME at a fresh folder: the op is compiled once per machine
-EXTENSIONS_DIR = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions" / "ddphooks")
+from deepspeed_op import HAVE_DEEPSPEED, shared_memory_op_or_skip
 
 DEEPSPEED = """
 import pytest
@@ -164,30 +155,9 @@ def test_checkpoint_without_its_barriers_is_refused(rank, recorder, shared_tmp_p
 """
 
 
-BUILD_SHARED_MEMORY_OP = """
-from deepspeed.accelerator import get_accelerator
-builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-if builder is not None:
-    builder.load(verbose=False)
-"""
-
-
-def _shared_memory_op_or_skip(monkeypatch: pytest.MonkeyPatch) -> None:
-    # DeepSpeed's CPU backend compiles a shared-memory op the first time a process group starts
-    # (cached per machine): build it here, outside the ranks' time limit, in an interpreter of its
-    # own (importing deepspeed changes logging and torch for the process that does), or say why not
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", EXTENSIONS_DIR)  # the ranks inherit it
-    built = subprocess.run(
-        [sys.executable, "-c", BUILD_SHARED_MEMORY_OP], capture_output=True, text=True, timeout=600, check=False
-    )
-    if built.returncode != 0:
-        reason = (built.stderr.strip().splitlines() or ["no message"])[-1]
-        pytest.skip(f"DeepSpeed's CPU shared-memory op cannot be built on this machine: {reason}")
-
-
 @pytest.mark.skipif(not HAVE_DEEPSPEED, reason="deepspeed is not installed (ci/constraints.txt pins it)")
 def test_deepspeed(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    _shared_memory_op_or_skip(monkeypatch)
+    shared_memory_op_or_skip(monkeypatch)
     pytester.makepyfile(test_deepspeed_inner=DEEPSPEED)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=600)
     result.assert_outcomes(passed=6, failed=1)

@@ -93,7 +93,7 @@ class Instance:
             r
             for r, e in self.ends.items()
             if e.info.get("async")
-            and r not in self.waits
+            and (r not in self.waits or "error" in self.waits[r].info)  # a time-out waited for nothing
             and not (r in self.starts and self.starts[r].info.get("native"))
         )
 

@@ -760,6 +760,10 @@ def _patch_methods(c10d_c: types.ModuleType) -> None:
     original = getattr(work, "is_completed", None)
     if original is not None and not hasattr(original, _MARK):
         work.is_completed = _wrap_poll(original, _awaitable)
+    reducer = getattr(c10d_c, "Reducer", None)
+    original = getattr(reducer, "_set_forward_pass_work_handle", None)
+    if original is not None and not hasattr(original, _MARK):
+        reducer._set_forward_pass_work_handle = _wrap_handoff(original)  # type: ignore[union-attr]
     # a future a call was handed to, waited for (or found done) from Python: the call completes
     future = getattr(sys.modules.get("torch._C"), "Future", None)
     for method, wrap in (("wait", _wrap_wait), ("done", _wrap_poll)):
@@ -839,12 +843,14 @@ def _wrap_p2p_method(
     return wrapper
 
 
-def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: bool = False) -> Callable[..., Any]:
+def _wrap_wait(
+    original: Callable[..., Any], key: Callable[[Any], Any], future: bool = False, suffix: str | None = None
+) -> Callable[..., Any]:
     """Record the wait of an asynchronous call the recorder saw issued: its completion. With
-    ``future``, where the call was handed to a future (``Work.get_future``): it was not left
-    unwaited; whoever waits for the future from Python completes it (``Future.wait``), native
-    code does so out of sight."""
-    suffix = ".get_future" if future else ".wait"
+    ``future``, where the call was handed to a future (``Work.get_future``) or to native code:
+    it was not left unwaited; whoever waits for the future from Python completes it
+    (``Future.wait``), native code does so out of sight."""
+    suffix = suffix or (".get_future" if future else ".wait")
 
     def wait(awaited: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
@@ -854,9 +860,9 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
         if rec is None or _tls.depth:
             return original(awaited, *args, **kwargs)
         target = key(awaited)
-        calls = rec.waited(target)
+        calls = rec.awaited_by(target)
         if not calls and hasattr(target, "untyped_storage"):
-            calls = rec.waited_view(target)  # a view of a functional collective's result
+            calls = rec.awaited_by_view(target)  # a view of a functional collective's result
         if not calls:
             return original(awaited, *args, **kwargs)
         result = run_recorded(
@@ -867,7 +873,8 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
             original,
             (awaited, *args),
             kwargs,
-        )
+        )  # a wait that raised (``wait(timeout=...)`` timed out) completed nothing: still pending
+        rec.completed(target, calls)
         for other in calls[1:]:  # the others completed with it (a future made of several)
             run_recorded(rec, events.WAIT, other[2] + suffix, _wait_call(rec, other, future), _identity, (result,), {})
         if future:
@@ -878,6 +885,51 @@ def _wrap_wait(original: Callable[..., Any], key: Callable[[Any], Any], future: 
     functools.update_wrapper(wait, original, assigned=("__name__", "__qualname__", "__doc__"))
     setattr(wait, _MARK, original)
     return wait
+
+
+def _wrap_handoff(original: Callable[..., Any]) -> Callable[..., Any]:
+    """DDP's reducer given a Work that it waits for in C++ (Join's notification all-reduce,
+    through ``Reducer._set_forward_pass_work_handle``): handed out of sight, as to a future, so
+    never reported as unwaited; it orders nothing unless Python waits for it too."""
+    hand = _wrap_wait(_identity, _identity, future=True, suffix=".to_reducer")
+
+    def handoff(reducer: Any, work: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        hand(work)
+        return original(reducer, work, *args, **kwargs)
+
+    functools.update_wrapper(handoff, original, assigned=("__name__", "__qualname__", "__doc__"))
+    setattr(handoff, _MARK, original)
+    return handoff
+
+
+def _patch_ddp(module: types.ModuleType) -> None:
+    ddp = getattr(module, "DistributedDataParallel", None)
+    original = getattr(ddp, "_check_global_requires_backward_grad_sync", None)
+    if original is not None and not hasattr(original, _MARK):
+        ddp._check_global_requires_backward_grad_sync = _wrap_left_running(original)  # type: ignore[union-attr]
+
+
+def _wrap_left_running(original: Callable[..., Any]) -> Callable[..., Any]:
+    """DDP under Join: a rank that has not joined issues an all-reduce that joined ranks match,
+    and drops its Work without waiting (torch's design, not the test's bug). What it leaves
+    running is recorded as such (``.left_running``): never reported as unwaited, ordering nothing."""
+    leave = _wrap_wait(_identity, _identity, future=True, suffix=".left_running")
+
+    def check(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        rec = active._current
+        before = {id(t) for t in rec.pending_targets()} if rec is not None else set()
+        result = original(ddp, *args, **kwargs)
+        if rec is not None and active._current is rec:
+            for target in rec.pending_targets():
+                if id(target) not in before:
+                    leave(target)
+        return result
+
+    functools.update_wrapper(check, original)
+    setattr(check, _MARK, original)
+    return check
 
 
 def _wait_call(rec: EventLog, pending: Pending, future: bool) -> Call:
@@ -1082,4 +1134,5 @@ _PATCHERS: dict[str, Callable[[types.ModuleType], None]] = {
     _C10D: _patch_functions,
     _FUNCOL: _patch_functional,
     _FUTURES: _patch_futures,
+    "torch.nn.parallel.distributed": _patch_ddp,
 }

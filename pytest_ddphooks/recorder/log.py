@@ -410,19 +410,17 @@ class EventLog:
         the never-changing part of ``info``, if it has one."""
         self._pending[id(work)] = (work, call_id, name, info, static)
 
-    def waited(self, work: Any) -> list[Pending]:
-        """The calls that waiting for ``work`` (a Work, or a future calls were handed to)
-        completes, once: a later wait for it completes nothing more."""
-        found = self._pending.pop(id(work), None)
-        if found is not None:
+    def awaited_by(self, work: Any) -> list[Pending]:
+        """The calls a wait for ``work`` (a Work, or a future calls were handed to) completes
+        if it returns; ``completed`` then takes them, so a later wait completes nothing more.
+        A wait that raises (a time-out) takes nothing: they stay pending for the next one."""
+        found = self._pending.get(id(work))
+        if found is not None and found[0] is work:
             return [found]
-        held = self._handed.pop(id(work), None) if self._handed else None
-        if held is not None and held[0] is not work:
-            self._handed[id(work)] = held  # another object under a reused id: not this one's
-            return []
-        return list(held[1]) if held is not None else []
+        held = self._handed.get(id(work)) if self._handed else None
+        return list(held[1]) if held is not None and held[0] is work else []
 
-    def waited_view(self, tensor: Any) -> list[Pending]:
+    def awaited_by_view(self, tensor: Any) -> list[Pending]:
         """The call whose result ``tensor`` views (a view of a functional collective's result,
         made before it was waited for, shares its storage): a scan of the few calls pending."""
         try:
@@ -431,7 +429,7 @@ class EventLog:
             return []
         if not storage:  # no bytes: every empty storage is at 0
             return []
-        for key, pending in list(self._pending.items()):
+        for pending in list(self._pending.values()):
             target = pending[0]
             if not hasattr(target, "untyped_storage"):
                 continue  # a Work
@@ -439,9 +437,18 @@ class EventLog:
                 same = target is not tensor and target.untyped_storage().data_ptr() == storage
             except Exception:
                 continue
-            if same and self._pending.pop(key, None) is not None:
+            if same:
                 return [pending]
         return []
+
+    def completed(self, work: Any, calls: list[Pending]) -> None:
+        """A wait for ``work`` returned: ``calls`` (from ``awaited_by``) are complete."""
+        for call in calls:
+            if self._pending.get(id(call[0])) is call:
+                del self._pending[id(call[0])]
+        held = self._handed.get(id(work)) if self._handed else None
+        if held is not None and held[0] is work:
+            del self._handed[id(work)]
 
     def handed(self, future: Any, calls: list[Pending]) -> None:
         """``calls`` were handed to ``future`` (``Work.get_future``, a future made of such ones):
@@ -454,6 +461,10 @@ class EventLog:
         """The calls handed to ``future``, if any (it stays as it is)."""
         held = self._handed.get(id(future)) if self._handed else None
         return list(held[1]) if held is not None and held[0] is future else []
+
+    def pending_targets(self) -> list[Any]:
+        """What the asynchronous calls not waited for yet are waited on (Works, tensors)."""
+        return [pending[0] for pending in self._pending.values()]
 
     def never_waited(self) -> list[tuple[int, str, dict[str, Any]]]:
         """Asynchronous calls whose work nobody waited for (yet)."""

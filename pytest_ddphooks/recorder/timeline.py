@@ -413,7 +413,7 @@ class Timeline:
         if y.rank in inst.handed:
             return (
                 f"{label}, whose completion rank {y.rank} handed to a future (Work.get_future, as DDP's comm"
-                " hooks do): it is waited out of sight, so it orders nothing"
+                " hooks do) or to DDP's reducer (as Join does): it is waited out of sight, so it orders nothing"
             )
         if y_end is not None and y_end.info.get("async") and inst.completion(y.rank) is None:
             return f"{label}, which was asynchronous on rank {y.rank} and never waited for there"

@@ -653,6 +653,94 @@ def test_future(rank, recorder):
     result.stdout.no_fnmatch_line("*NeverWaitedWarning*")
 
 
+WAIT_TIMED_OUT = """
+from datetime import timedelta
+
+
+def enter_after_a_timed_out_wait(rank, shared_tmp_path):
+    # rank 1 enters only once rank 0's first wait has timed out: that wait cannot succeed
+    signal = shared_tmp_path / "timed out"
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        with pytest.raises(RuntimeError):
+            work.wait(timeout=timedelta(milliseconds=50))
+        signal.touch()
+        return work
+    while not signal.exists():
+        time.sleep(0.01)
+    recorder_mark("before")
+    dist.all_reduce(torch.ones(2))
+    return None
+"""
+
+
+def test_a_wait_after_one_that_timed_out_completes_the_call(pytester) -> None:
+    result = run(
+        pytester,
+        WAIT_TIMED_OUT.replace("recorder_mark", "RECORDER.mark")
+        + """
+RECORDER = None
+
+@pytest.mark.multirank(world_size=2)
+def test_waits_again(rank, recorder, shared_tmp_path):
+    global RECORDER
+    RECORDER = recorder
+    work = enter_after_a_timed_out_wait(rank, shared_tmp_path)
+    if rank == 0:
+        work.wait()
+        recorder.mark("after")
+    tl = recorder.timeline()
+    tl.assert_happens_before("before@1", "after@0")
+    assert tl.never_waited() == []
+    waits = [e for e in tl.for_rank(0) if e.name == "dist.all_reduce.wait" and e.phase == "end"]
+    assert [bool(e.info.get("error")) for e in waits] == [True, False], "the time-out, then the wait"
+
+@pytest.mark.multirank(world_size=2)
+def test_never_waits_again(rank, recorder, shared_tmp_path):
+    global RECORDER
+    RECORDER = recorder
+    KEEP.append(enter_after_a_timed_out_wait(rank, shared_tmp_path))
+    recorder.mark("after")
+    tl = recorder.timeline()
+    assert tl.never_waited() == ["async all_reduce #1 on rank 0 was never waited"]
+    with pytest.raises(TimelineAssertionError, match="asynchronous on rank 0 and never waited for there"):
+        tl.assert_happens_before("before@1", "after@0")
+
+KEEP = []
+""",
+    )
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(["*NeverWaitedWarning: async all_reduce #1 on rank 0 was never waited"])
+
+
+def test_joins_notification_handed_to_the_reducer_is_not_unwaited(pytester) -> None:
+    # with uneven inputs, Join's all-reduce each step is waited for by DDP's reducer, in C++
+    result = run(
+        pytester,
+        """
+from torch.distributed.algorithms.join import Join
+
+@pytest.mark.multirank(world_size=2)
+def test_uneven_inputs(rank, recorder):
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    with Join([model]):
+        for _ in range(3 if rank == 0 else 2):
+            model(torch.ones(2, 4)).sum().backward()
+    tl = recorder.timeline()
+    assert tl.never_waited() == []
+    handed = [e for e in tl.for_rank(rank) if e.name == "dist.all_reduce.to_reducer" and e.phase == "start"]
+    assert handed and all(e.info.get("future") for e in handed)
+    # DDP's own all-reduce for the joined ranks, which a rank that has not joined never waits for
+    left = [e for e in tl.for_rank(rank) if e.name == "dist.all_reduce.left_running" and e.phase == "start"]
+    assert left and all(e.info.get("future") for e in left)
+    tl.assert_collectives_match()
+""",
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*NeverWaitedWarning*")
+
+
 def test_a_collective_on_an_empty_tensor_orders_nothing(pytester) -> None:
     """gloo returns from an all-reduce of no element at once, without the other ranks: a
     framework barrier made of one is a no-op, and no order is proven through it. The same

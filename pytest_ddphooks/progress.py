@@ -37,6 +37,7 @@ class _Rank:
     in_exchange: int = 0  # the timeline() call it is inside, 0 when none
     placed: int | None = None  # its rank in the default group, as its latest init_process_group returned
     count: int = 0  # events recorded
+    off_main: set[int] = field(default_factory=set)  # call ids open on a thread other than the main one
 
 
 JOIN = "join"  # what init_process_group and new_group wait for: every rank's call of it
@@ -96,6 +97,10 @@ class RankProgress:
                 if t_ns < state.last_t.get(lane, 0):
                     continue  # found after the fact: the lane went on since it was issued
             state.last_t[lane] = max(t_ns, state.last_t.get(lane, 0))
+            if lane != _MAIN_LANE and phase == events.START:
+                state.off_main.add(call_id)
+            elif phase == events.END and state.off_main:
+                state.off_main.discard(call_id)
             waiting = state.native.get(lane)
             if waiting is not None and waiting != call_id:
                 # the lane went on: native code waited for its call, or will later
@@ -220,10 +225,14 @@ class RankProgress:
         progress); else None."""
         blocked: dict[int, dict[str, Any]] = {}
         for rank in sorted(live):
-            calls = list(self._of(rank).inside.values())
-            # one blocking call on the rank, from Python: the rank can do nothing else
-            if len(calls) == 1 and (_blocking_collective(calls[0]) or _blocking_p2p(calls[0])):
-                blocked[rank] = calls[0]
+            state = self._of(rank)
+            calls = list(state.inside.items())
+            # one blocking call on the rank, from Python, on its main thread: the rank can do
+            # nothing else (one on another thread leaves the main thread free to go on)
+            if len(calls) == 1 and calls[0][0] not in state.off_main:
+                info = calls[0][1]
+                if _blocking_collective(info) or _blocking_p2p(info):
+                    blocked[rank] = info
         # a rank inside timeline() waits for every rank to call it as often: one blocked in a
         # collective that rank never entered never will
         exchanging = {rank: self._of(rank).in_exchange for rank in sorted(live) if self._of(rank).in_exchange}
@@ -320,6 +329,7 @@ class RankProgress:
 
 
 KILLED = "killed"  # how a rank an injected fault killed left the test
+_MAIN_LANE = 0  # a rank's event log numbers its main thread's lane first
 
 
 def _blocking_p2p(info: dict[str, Any]) -> bool:

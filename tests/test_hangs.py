@@ -182,9 +182,22 @@ def test_two_groups_entered_in_opposite_orders_are_a_deadlock_said_early(inner) 
                 threading.Event().wait(3)  # rank 0 waits in a's barrier meanwhile: a wait, no cycle
             dist.barrier(group=a)
             dist.barrier(group=b)
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_a_worker_thread_waits_while_the_main_thread_is_busy(rank):
+            a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
+            if rank == 0:
+                dist.barrier(group=a)
+                dist.barrier(group=b)
+            else:  # b's barrier on a thread of its own, a's on the main thread once it is done
+                saver = threading.Thread(target=dist.barrier, kwargs={"group": b}, name="saver")
+                saver.start()
+                threading.Event().wait(3)  # longer than a cycle must hold: no cycle, the main thread is free
+                dist.barrier(group=a)
+                saver.join()
         """
     )
-    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.result.assert_outcomes(failed=1, passed=2)
     ran.lines(
         "hang: the ranks were stopped after * s, not at the 60 s limit: ranks 0,1 wait for each other in"
         " different collectives (a deadlock)",

@@ -378,8 +378,8 @@ def _unfired(report: RunReport) -> list[str]:
             continue  # it did not finish, or failed: whatever ended it is the story
         fired = {info.get("fault") for info in report.fired.get(rank, [])}
         for info in armed:
-            if "for" in info:
-                continue
+            if "for" in info or info.get("refused"):
+                continue  # armed for others, or refused as armed past its point (the test saw why)
             if "later" in info:
                 out.append(
                     f"injected fault {info.get('fault')} never fired: attempt {info['later']} never ran"

@@ -153,17 +153,23 @@ class FaultTrigger:
 
     def __call__(self, kind: str, phase: str, name: str, call_id: int) -> None:
         __tracebackhide__ = True
+        due = []
         for entry in self.armed:
             if entry.fired or not entry.fault.at.matches(kind, phase, name):
                 continue
             entry.seen += 1
             if entry.seen == entry.fault.at.n:
                 entry.fired = True
-                self._fire(entry.fault, call_id, phase)
+                due.append(entry.fault)
+        # several at one point act in the order they were armed, a raise last: it ends the call
+        for fault in sorted(due, key=lambda f: f.action == RAISE):
+            self._fire(fault, call_id, phase)
 
     def _fire(self, fault: Fault, call_id: int, phase: str) -> None:
         __tracebackhide__ = True
         info = {"fault": fault.call, "action": fault.action, "sign": fault.sign, "call_id": call_id, "phase": phase}
+        if fault.action == DELAY:
+            info["until_ns"] = time.time_ns() + int(fault.seconds * 1e9)  # asleep until then, not in the call
         self.log.write_watch_only(events.FIRED, info)
         if fault.action == KILL:
             dump_signals.release(fault.signal)  # SIGUSR1 dumps stacks here, unless the test kills with it
@@ -203,6 +209,10 @@ class Faults:
             # '#n' counts from the rank's start, as the "never fired" message does
             seen = self._log.occurrences(fault.at.matches)
             if seen >= fault.at.n:
+                # the rank did arm it: the verdict must not say it never did (the test may catch this)
+                self._log.write_watch_only(
+                    events.ARMED, {"fault": fault.armed_as(self.rank), "call": fault.call, "refused": True}
+                )
                 raise FaultError(
                     f"{fault.armed_as(self.rank)}: rank {self.rank} was past that point when the fault was armed"
                     f" (it had reached it {seen} time{'' if seen == 1 else 's'}; '#n' counts from the rank's start):"

@@ -12,6 +12,7 @@ the ranks record, never the whole run again. Two questions are answered from it:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -263,8 +264,11 @@ class RankProgress:
         ``KILLED``: an injected fault killed it) and never entered what they wait in, or was
         killed: rank -> (what it waits in, those ranks)."""
         out: dict[int, tuple[str, list[int]]] = {}
+        now = time.time_ns()
         for rank in sorted(live):
             state = self._of(rank)
+            if state.fired and int(state.fired[-1].get("until_ns") or 0) > now:
+                continue  # asleep in an injected delay as a call began: not yet inside it
             if state.in_exchange:
                 absent = [r for r in sorted(finished) if self._of(r).exchanges < state.in_exchange]
                 if absent:

@@ -458,3 +458,47 @@ def test_long_delay(rank, faults):
         " there as it entered all_reduce #1 on the default group, not yet inside it"
     )
     ran.no_lines("  rank 1: blocked in*")
+
+
+def test_a_delay_and_a_raise_at_one_call_both_act_whichever_was_armed_first(inner) -> None:
+    # the delay sleeps as the call begins, then the raise ends it before it reaches the group:
+    # rank 1 never enters, rank 0 never calls it, and nobody waits for anybody
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=20)
+@pytest.mark.parametrize("raise_first", [False, True])
+def test_delay_and_raise(rank, faults, raise_first):
+    if raise_first:
+        faults.raise_(rank=1, at="dist.all_reduce#1")
+    faults.delay(rank=1, at="dist.all_reduce#1", seconds=1.0)
+    if not raise_first:
+        faults.raise_(rank=1, at="dist.all_reduce#1")
+    if rank == 1:
+        started = time.monotonic()
+        with pytest.raises(InjectedFault):
+            dist.all_reduce(torch.ones(1))
+        assert time.monotonic() - started >= 1.0, "the delay acted before the raise"
+""",
+    )
+    ran.result.assert_outcomes(passed=2)
+    ran.no_lines("*never fired*")
+    ran.no_lines("hang: *")
+
+
+def test_a_fault_refused_as_armed_too_late_and_caught_is_not_said_never_armed(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_refusal_caught(rank, faults, recorder):
+    recorder.mark("step")
+    recorder.mark("step")
+    try:  # every rank arms it; rank 1, where it acts, is past its point and says so
+        faults.raise_(rank=1, at="mark:step#2")
+    except FaultError:
+        assert rank == 1
+""",
+    )
+    ran.result.assert_outcomes(passed=1)
+    ran.no_lines("*never fired*")

@@ -269,6 +269,14 @@ class Faults:
             and not (isinstance(exc, type) and issubclass(exc, BaseException))
         ):
             raise FaultError(f"exc={exc!r}: give an exception or an exception class")
+        if isinstance(exc, type):
+            try:  # it is made when the fault fires: one that cannot be made is a bad fault now
+                exc()
+            except Exception as error:
+                raise FaultError(
+                    f"exc={exc.__name__}: cannot be made without arguments ({type(error).__name__}: {error}):"
+                    f" give an instance, such as exc={exc.__name__}(...)"
+                ) from None
         return self._arm(Fault(RAISE, _ranks(rank, self.world_size), parse_point(at), attempt, exc=exc))
 
 

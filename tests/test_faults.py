@@ -221,7 +221,7 @@ def test_bad_faults_are_errors_at_arming(inner) -> None:
         PRELUDE
         + """
 @pytest.mark.multirank(world_size=2, timeout=30)
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(7))
 def test_arm(rank, faults, case):
     arm = [
         lambda: faults.kill(rank=1, at="dist.all_reduse#2"),
@@ -230,6 +230,7 @@ def test_arm(rank, faults, case):
         lambda: faults.kill(rank=2, at="dist.barrier#1"),
         lambda: faults.kill(rank=1, at="dist.barrier#1", signal="SIGNOPE"),
         lambda: faults.delay(rank=1, at="dist.barrier#1", seconds=-1),
+        lambda: faults.raise_(rank=1, at="dist.barrier#1", exc=UnicodeDecodeError),
     ][case]
     with pytest.raises(FaultError) as bad:
         arm()
@@ -241,13 +242,17 @@ def test_outside_a_multirank_test(faults):
         "-s",
         subprocess=True,
     )
-    ran.result.assert_outcomes(passed=6, failed=1)
+    ran.result.assert_outcomes(passed=7, failed=1)
     ran.lines("*[[]rank 0[]] at='dist.all_reduse#2': the recorder names no call 'dist.all_reduse' (it records *")
     ran.lines("*[[]rank 0[]] at='middle:setup': not a point the recorder knows; use 'dist.<op>#n', *")
     ran.lines("*[[]rank 0[]] at='dist.barrier#0': the count after '#' must be a number >= 1")
     ran.lines("*[[]rank 0[]] rank=2: a rank is an int from 0 to 1")
     ran.lines("*[[]rank 0[]] signal='SIGNOPE': not a signal name (e.g. 'SIGKILL', 'SIGTERM')")
     ran.lines("*[[]rank 0[]] seconds=-1: a delay is a number of seconds >= 0")
+    ran.lines(
+        "*[[]rank 0[]] exc=UnicodeDecodeError: cannot be made without arguments (TypeError: *):"
+        " give an instance, such as exc=UnicodeDecodeError(...)"
+    )
     ran.lines("*FaultError: faults act on the ranks of a multirank test*")
 
 

@@ -68,8 +68,9 @@ def _cell(e: Event, ended: set[tuple[int, int]], noop: set[tuple[int, int]]) -> 
         peer = e.info.get("dst") if e.info.get("sync") == collectives.SEND else e.info.get("src")
         arrow = "->" if e.info.get("sync") == collectives.SEND else "<-"
         return f"{tag}{op} {arrow} {peer if peer is not None else 'any'}{stuck}"
-    if not e.info.get("effective", True):
-        return f"{tag}= {op} (no group){stuck}"
+    if not e.info.get("effective", True):  # it reached no group: none existed, or the rank is not in it
+        reached = "not a member" if e.info.get("member") is False else "no group"
+        return f"{tag}= {op} ({reached}){stuck}"
     group = e.info.get("group")
     where = "" if group == "default" else f" [g{group}]"
     wait = " (native)" if e.info.get("native") else " (async)" if e.info.get("async") else ""

@@ -132,6 +132,10 @@ def test_swimlanes_mark_what_is_odd() -> None:
     assert "< sync (no-op)" in text
     assert "< broken (raised)" in text
     assert "= barrier (no group) (never returned)" in text
+    # a call on a group the rank is not in returns at once: it reached no group either
+    outside = {"op": "all_reduce", "group_existed": True, "effective": False, "member": False}
+    sim.end(sim.start(0, "dist.all_reduce", "collective", outside))
+    assert "= all_reduce (not a member)" in sim.timeline().swimlanes(width=40)
 
 
 def test_swimlanes_are_cut_to_max_rows_and_cells_to_width() -> None:

@@ -191,10 +191,11 @@ class FaultTrigger:
 class Faults:
     """What the ``faults`` fixture gives a rank: arm faults that act on the ranks they name."""
 
-    def __init__(self, rank: int, world_size: int, log: Any, attempt: int = 0) -> None:
+    def __init__(self, rank: int, world_size: int, log: Any, attempt: int = 0, max_restarts: int | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.attempt = attempt
+        self.max_restarts = max_restarts  # None: not known here
         self._log = log
         self._trigger: FaultTrigger | None = None
 
@@ -202,6 +203,14 @@ class Faults:
         __tracebackhide__ = True
         if not isinstance(fault.attempt, int) or isinstance(fault.attempt, bool) or fault.attempt < 0:
             raise FaultError(f"attempt={fault.attempt!r}: an attempt is an int >= 0")
+        if self.max_restarts is not None and fault.attempt > self.max_restarts:
+            raise FaultError(
+                f"attempt={fault.attempt}: the test has restarts={self.max_restarts}, so attempts 0 to"
+                f" {self.max_restarts} can run: give it restarts={fault.attempt} or more"
+                if self.max_restarts
+                else f"attempt={fault.attempt}: the test has no restarts, so only attempt 0 runs:"
+                f" give it restarts={fault.attempt} or more"
+            )
         if self.rank in fault.ranks and fault.attempt == self.attempt:
             if self._trigger is None:
                 self._trigger = FaultTrigger(self._log)

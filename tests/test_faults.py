@@ -221,7 +221,7 @@ def test_bad_faults_are_errors_at_arming(inner) -> None:
         PRELUDE
         + """
 @pytest.mark.multirank(world_size=2, timeout=30)
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(8))
 def test_arm(rank, faults, case):
     arm = [
         lambda: faults.kill(rank=1, at="dist.all_reduse#2"),
@@ -231,6 +231,7 @@ def test_arm(rank, faults, case):
         lambda: faults.kill(rank=1, at="dist.barrier#1", signal="SIGNOPE"),
         lambda: faults.delay(rank=1, at="dist.barrier#1", seconds=-1),
         lambda: faults.raise_(rank=1, at="dist.barrier#1", exc=UnicodeDecodeError),
+        lambda: faults.kill(rank=1, at="dist.barrier#1", attempt=1),  # the test has no restarts
     ][case]
     with pytest.raises(FaultError) as bad:
         arm()
@@ -242,7 +243,7 @@ def test_outside_a_multirank_test(faults):
         "-s",
         subprocess=True,
     )
-    ran.result.assert_outcomes(passed=7, failed=1)
+    ran.result.assert_outcomes(passed=8, failed=1)
     ran.lines("*[[]rank 0[]] at='dist.all_reduse#2': the recorder names no call 'dist.all_reduse' (it records *")
     ran.lines("*[[]rank 0[]] at='middle:setup': not a point the recorder knows; use 'dist.<op>#n', *")
     ran.lines("*[[]rank 0[]] at='dist.barrier#0': the count after '#' must be a number >= 1")
@@ -253,6 +254,7 @@ def test_outside_a_multirank_test(faults):
         "*[[]rank 0[]] exc=UnicodeDecodeError: cannot be made without arguments (TypeError: *):"
         " give an instance, such as exc=UnicodeDecodeError(...)"
     )
+    ran.lines("*[[]rank 0[]] attempt=1: the test has no restarts, so only attempt 0 runs: give it restarts=1 or more")
     ran.lines("*FaultError: faults act on the ranks of a multirank test*")
 
 

@@ -187,7 +187,7 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
         "rank": ctx.rank,
         "world_size": ctx.world_size,
         "recorder": ctx.recorder,
-        "faults": Faults(ctx.rank, ctx.world_size, ctx.recorder, ctx.job.attempt),
+        "faults": Faults(ctx.rank, ctx.world_size, ctx.recorder, ctx.job.attempt, ctx.job.max_restarts),
         "restart_count": ctx.job.attempt,
     }
     if node_dir is not None:

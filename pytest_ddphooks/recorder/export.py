@@ -38,9 +38,9 @@ def _aligned(inst: Instance) -> bool:
     return inst.key[0] in ("c", "m") and len(inst.members) > 1 and inst.complete and inst.consistent
 
 
-def _cell(e: Event, ended: set[tuple[int, int]], noop: set[tuple[int, int]]) -> str | None:
-    """The text of one event in its lane, or None when it is not drawn (``ended``, ``noop``:
-    (rank, call id) of the calls that returned, of the no-op barriers)."""
+def _cell(e: Event, ended: Mapping[tuple[int, int], Mapping[str, Any]], noop: set[tuple[int, int]]) -> str | None:
+    """The text of one event in its lane, or None when it is not drawn (``ended``: (rank, call
+    id) of the calls that returned -> their end's info; ``noop``: of the no-op barriers)."""
     tag = f"[t{e.lane}] " if e.lane else ""
     if e.kind in (events.CALL, events.BARRIER):
         if e.phase == events.START:
@@ -76,6 +76,8 @@ def _cell(e: Event, ended: set[tuple[int, int]], noop: set[tuple[int, int]]) -> 
     wait = " (native)" if e.info.get("native") else " (async)" if e.info.get("async") else ""
     if e.info.get("queued"):
         return f"{tag}= {op} (queued){where}{stuck}"
+    if ended.get((e.rank, e.call_id), {}).get("issued") is False:
+        return f"{tag}= {op} (not issued){where}"  # raised before it reached the group
     number = f"#{e.info['seq']}" if e.info.get("seq") else "#? (unpaired)" if e.info.get("unsure") else "#?"
     return f"{tag}= {op} {number}{where}{wait}{stuck}"
 
@@ -98,7 +100,7 @@ def _layout(timeline: Timeline) -> _Grid:
     below whatever each member drew before it."""
     ranks = timeline.ranks
     lanes = {r: timeline.for_rank(r) for r in ranks}
-    ended = {(e.rank, e.call_id) for r in ranks for e in lanes[r] if e.phase == events.END}
+    ended = {(e.rank, e.call_id): e.info for r in ranks for e in lanes[r] if e.phase == events.END}
     noop_at = {(nb.rank, nb.index) for nb in timeline.noop_barriers()}
     noop = {(e.rank, e.call_id) for r in ranks for e in lanes[r] if (e.rank, e.index) in noop_at}
     aligned = {

@@ -136,6 +136,12 @@ def test_swimlanes_mark_what_is_odd() -> None:
     outside = {"op": "all_reduce", "group_existed": True, "effective": False, "member": False}
     sim.end(sim.start(0, "dist.all_reduce", "collective", outside))
     assert "= all_reduce (not a member)" in sim.timeline().swimlanes(width=40)
+    # a fault raised as the call began: numbered, but it never reached the group
+    began = sim.start(1, "dist.all_reduce", "collective", {"op": "all_reduce", "group": "default", "seq": 1})
+    sim.end(began, {"error": "InjectedFault: injected fault raise_(at='dist.all_reduce#1')", "issued": False})
+    text = sim.timeline().swimlanes(width=40)
+    assert "= all_reduce (not issued)" in text
+    assert "= all_reduce #1" not in text
 
 
 def test_swimlanes_are_cut_to_max_rows_and_cells_to_width() -> None:

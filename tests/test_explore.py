@@ -236,3 +236,66 @@ def test_a_rank_teardown_failing_under_a_schedule_fails_it_and_a_failed_teardown
     )
     ran.no_lines("*passed under all 3 schedules*")
     assert (runs / "every-0").read_text() == "1", "a test whose teardown failed is not explored"
+
+
+RUNS = """
+import os
+import socket
+import subprocess
+import pytest
+import torch.distributed as dist
+
+RUNS = {runs!r}  # outside every folder a schedule restores: how many runs of a test came before
+
+
+def earlier_runs(rank, test):
+    prefix = f"{{test}}-{{rank}}."
+    n = sum(1 for name in os.listdir(RUNS) if name.startswith(prefix))
+    open(os.path.join(RUNS, f"{{prefix}}{{n}}"), "w").close()
+    return n
+
+
+@pytest.fixture
+def served(tmp_path):
+    # a fixture serving on a socket and a pipe in tmp_path: their live ends stay through every schedule
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "serve.sock"))
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "data").mkdir()
+    yield tmp_path
+    server.close()
+
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_served(rank, served):
+    assert (served / "serve.sock").is_socket() and (served / "pipe").is_fifo()
+    (served / "data" / f"rank{{rank}}").touch()
+    dist.barrier()
+
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_leaks_under_a_schedule(rank):
+    if earlier_runs(rank, "leaks") and rank == 0:
+        subprocess.Popen(["sleep", "300"])  # only in the runs after the plain one
+    dist.barrier()
+
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_skips_under_a_schedule(rank):
+    dist.barrier()
+    if earlier_runs(rank, "skips") and rank == 1:
+        pytest.skip("data not ready")
+"""
+
+
+def test_live_ends_a_process_left_and_a_skip_under_a_schedule(inner, pytester) -> None:
+    runs = pytester.path / "runs"
+    runs.mkdir()
+    ran = inner(RUNS.format(runs=str(runs)), "--ddp-explore=2", "-rA")
+    # sockets and pipes a fixture made in tmp_path are left in place, not copied (they cannot be)
+    ran.lines("*test_served*", "*passed under all 2 schedules explored*")
+    # a process a rank leaves under a schedule is killed and reported, as in a plain run
+    ran.lines("*rank 0 left process * running (killed) (under schedule 0x*): sleep 300*")
+    # a rank that skips under a schedule skips the test, as in a plain run, naming the schedule
+    ran.lines("SKIPPED [[]1[]] *: data not ready (on rank 1; the other ranks passed) (under schedule 1 of 2*")
+    ran.result.assert_outcomes(passed=2, skipped=1, errors=1)

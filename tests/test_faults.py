@@ -509,3 +509,21 @@ def test_refusal_caught(rank, faults, recorder):
     )
     ran.result.assert_outcomes(passed=1)
     ran.no_lines("*never fired*")
+
+
+def test_a_process_left_in_an_attempt_that_ended_in_a_restart_is_reported(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+import subprocess
+
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=60)
+def test_leaks_then_restarts(rank, faults, restart_count):
+    faults.kill(rank=1, at="dist.barrier#1")  # attempt 0 only
+    if rank == 0 and restart_count == 0:
+        subprocess.Popen(["sleep", "300"])
+    dist.barrier()
+""",
+    )
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines("*rank 0 left process * running (killed) (attempt 0): sleep 300*")

@@ -32,7 +32,7 @@ from ..launch.run import RunWatch
 from ..leaks import Leak
 from ..recorder import NeverWaitedWarning
 from ..report import RunReport
-from ..schedule import Profile, describe_hold, held_seconds, holds
+from ..schedule import Profile, describe_hold, format_seed, held_seconds, holds
 from . import rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
@@ -187,6 +187,8 @@ class MultirankHooks:
 
     def _start(self, item: pytest.Function, run: MultirankRun) -> None:
         active = item.stash[ACTIVE_KEY] = _Active()
+        if RANK_LEAKS_KEY in item.stash:  # a rerun of the item: what the last run left was said
+            del item.stash[RANK_LEAKS_KEY]
         try:
             names = rankfixtures.needed_values(item, run.dependent)
             values = rankfixtures.pickle_values(item, names)
@@ -376,6 +378,7 @@ class MultirankHooks:
     def _end_run(self, item: pytest.Item, active: _Active) -> Verdict:
         assert active.watch is not None and active.job is not None
         report, verdict = self._run_to_end(item, active, active.watch)
+        self._rank_leaks(item, report)
         explore = verdict.outcome == "passed" and verdict.teardown is None  # only a test that passed whole
         if explore and active.exploration is not None and report.timeline is not None:
             found = self._explore(item, active, active.exploration, report)
@@ -397,7 +400,6 @@ class MultirankHooks:
                 "ddphooks",
                 f"--ddp-pdb-rank={k}: this test has ranks 0..{report.world_size - 1}; no rank opened pdb",
             )
-        self._rank_leaks(item, report)
         keep_artifacts(item, report, verdict, self.ddp.settings)
         if active.exploration is not None:
             active.exploration.discard()
@@ -412,6 +414,7 @@ class MultirankHooks:
         attempts: list[str] = []
         while _death(report) and job.attempt < job.max_restarts:
             attempts.append(attempt_summary(report, job.attempt))
+            self._rank_leaks(item, report, f" (attempt {job.attempt})")  # what a dead attempt left
             job = active.job = self._next_run(job, attempt=job.attempt + 1)
             watch = self._launch(item, job)
             report = watch.wait_end()
@@ -443,10 +446,14 @@ class MultirankHooks:
             active.job = self._next_run(plain_job, attempt=0, holds=holds(seed, plain_job.world_size, profile))
             report, verdict = self._run_to_end(item, active, self._launch(item, active.job))
             plan.held_seconds += held_seconds(report.held)
+            self._rank_leaks(item, report, f" (under schedule {format_seed(seed)})")
             failed = verdict.failure or verdict.teardown  # a rank's teardown failing under it counts
             if failed is not None:
                 failed.schedule = [plan.header(index, seed)]
                 failed.holds = [describe_hold(r, info) for r in sorted(report.held) for info in report.held[r]]
+                return report, verdict
+            if verdict.outcome != "passed":  # a rank skipped under it: as in a plain run, the test did
+                verdict.message = f"{verdict.message} ({plan.header(index, seed).replace('failed ', '', 1)})"
                 return report, verdict
         active.job = plain_job  # the plain run's report stands
         item.add_report_section("call", "schedules", plan.passed())
@@ -494,15 +501,16 @@ class MultirankHooks:
                         item.add_report_section(when, key, text)
 
     @staticmethod
-    def _rank_leaks(item: pytest.Item, report: RunReport) -> None:
+    def _rank_leaks(item: pytest.Item, report: RunReport, run: str = "") -> None:
+        """What the ranks of one run (``run``: which, when the test had several) left behind."""
         leaked = [
-            Leak("process", cmd, f"rank {r} left process {pid} running (killed): {cmd}")
+            Leak("process", cmd, f"rank {r} left process {pid} running (killed){run}: {cmd}")
             for r, res in sorted(report.results.items())
             for pid, cmd in res.leaks
         ]
         leaked.extend(
-            Leak("process", cmd, f"process {pid} started by a rank outlived it: {cmd} (killed)")
+            Leak("process", cmd, f"process {pid} started by a rank outlived it{run}: {cmd} (killed)")
             for pid, cmd in report.swept
         )
         if leaked:
-            item.stash[RANK_LEAKS_KEY] = leaked
+            item.stash[RANK_LEAKS_KEY] = [*item.stash.get(RANK_LEAKS_KEY, []), *leaked]

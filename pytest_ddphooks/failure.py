@@ -374,12 +374,22 @@ def _unfired(report: RunReport) -> list[str]:
             " after them was tested (leave a rank to see what follows the fault)"
         )
     for rank, armed in sorted(report.armed.items()):
-        if not _finished_well(report, rank):
+        # an injected fault that took the rank out leaves its later faults nothing to act on
+        taken = next((i for i in report.fired.get(rank, []) if i.get("action") in ("kill", "stop")), None)
+        if taken is None and not _finished_well(report, rank):
             continue  # it did not finish, or failed: whatever ended it is the story
         fired = {info.get("fault") for info in report.fired.get(rank, [])}
         for info in armed:
             if "for" in info or info.get("refused"):
                 continue  # armed for others, or refused as armed past its point (the test saw why)
+            if taken is not None:
+                if "later" not in info and info.get("call") not in fired:
+                    out.append(
+                        f"injected fault {info.get('fault')} never fired: rank {rank} was"
+                        f" {_DONE_BY.get(str(taken.get('action')), 'hit by')} the injected fault {taken.get('fault')}"
+                        " first"
+                    )
+                continue
             if "later" in info:
                 out.append(
                     f"injected fault {info.get('fault')} never fired: attempt {info['later']} never ran"

@@ -527,3 +527,35 @@ def test_leaks_then_restarts(rank, faults, restart_count):
     )
     ran.result.assert_outcomes(passed=1, errors=1)
     ran.lines("*rank 0 left process * running (killed) (attempt 0): sleep 300*")
+
+
+def test_a_fault_after_the_one_that_took_its_rank_out_never_fires_and_says_why(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_killed_before_its_second_fault(rank, faults):
+    faults.kill(rank=1, at="dist.barrier#1")
+    faults.delay(rank=1, at="dist.barrier#2", seconds=0.1)  # rank 1 never gets there
+    if rank == 0:
+        with pytest.raises(RuntimeError):
+            dist.barrier()
+    else:
+        dist.barrier()
+        dist.barrier()
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_killed_at_its_only_fault(rank, faults):
+    faults.kill(rank=1, at="dist.barrier#1")
+    if rank == 0:
+        with pytest.raises(RuntimeError):
+            dist.barrier()
+    else:
+        dist.barrier()
+""",
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    ran.lines(
+        "*injected fault delay(rank=1, at='dist.barrier#2', seconds=0.1) never fired: rank 1 was killed by the"
+        " injected fault kill(at='dist.barrier#1') first*"
+    )

@@ -375,7 +375,7 @@ def _unfired(report: RunReport) -> list[str]:
         )
     for rank, armed in sorted(report.armed.items()):
         # an injected fault that took the rank out leaves its later faults nothing to act on
-        taken = next((i for i in report.fired.get(rank, []) if i.get("action") in ("kill", "stop")), None)
+        taken = report.taking_fault(rank)
         if taken is None and not _finished_well(report, rank):
             continue  # it did not finish, or failed: whatever ended it is the story
         fired = {info.get("fault") for info in report.fired.get(rank, [])}

@@ -137,10 +137,13 @@ class RunReport:
 
     def taken_out(self, rank: int) -> str | None:
         """How an injected fault took the rank out of the test (``kill``, ``stop``), if one did."""
-        for info in reversed(self.fired.get(rank, [])):
-            if info.get("action") in ("kill", "stop"):
-                return str(info["action"])
-        return None
+        fault = self.taking_fault(rank)
+        return None if fault is None else str(fault["action"])
+
+    def taking_fault(self, rank: int) -> dict[str, Any] | None:
+        """What the injected fault that took the rank out said when it fired, if one did (a kill
+        or a stop ends the rank: at most one acts in a run)."""
+        return next((i for i in self.fired.get(rank, []) if i.get("action") in ("kill", "stop")), None)
 
     def died(self, rank: int) -> bool:
         if rank in self.stopped or self.taken_out(rank):

@@ -19,11 +19,12 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .files import read_text
-from .launch import procs
+from .launch import debugger, procs
 from .stacks import Stacks, dump_stacks
 
 STARTUP_LIMIT = 120.0  # seconds to start an interpreter and collect one test file
@@ -106,11 +107,15 @@ def run_isolated(
     exit_grace: float = EXIT_GRACE,
     terminal: bool = False,
     basetemp: str | None = None,
+    lend_terminal: Callable[[str, str], None] | None = None,
 ) -> IsolatedRun:
     """Run ``command`` (a pytest child) with its files in ``folder``; ``limit`` is the
     test's own time limit, counted from the child's "start" message. ``terminal``: the
     child also gets this process's stdout and stderr, for the test to print to live.
-    ``basetemp``: the child's temporary folder (by default, one in ``folder``)."""
+    ``basetemp``: the child's temporary folder (by default, one in ``folder``).
+    ``lend_terminal(who, path)``: the child (or one of its ranks) wants a debugger listening
+    at ``path``; the time spent there is not the test's (None: refused, as pdb is passed over
+    where there is no terminal)."""
     messages = os.path.join(folder, "messages.jsonl")
     stacks = os.path.join(folder, "stacks.txt")
     basetemp = basetemp or os.path.join(folder, "basetemp")
@@ -138,6 +143,7 @@ def run_isolated(
     run = IsolatedRun(exit_grace=exit_grace)
     deadline = began + startup_limit
     lingering = False
+    lent = 0  # the child's asks for a terminal answered so far
     try:
         while True:
             try:
@@ -148,6 +154,15 @@ def run_isolated(
                 break
             if not lingering:
                 run.messages = _read_messages(messages)
+                asks = [m for m in run.messages if m.get("event") == "debug"]
+                for ask in asks[lent:]:
+                    held = time.monotonic()
+                    if lend_terminal is None:
+                        debugger.refuse(str(ask.get("path")))
+                    else:
+                        lend_terminal(str(ask.get("who")), str(ask.get("path")))
+                    deadline += time.monotonic() - held
+                lent = len(asks)
             if not run.started and any(m.get("event") == "start" for m in run.messages):
                 run.started = True
                 deadline = time.monotonic() + limit

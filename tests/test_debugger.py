@@ -118,13 +118,18 @@ def test_breakpoint_in_a_rank_lends_it_the_terminal_and_continuing_goes_on(pytes
     proc = PtyProcess(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "test_break.py"], str(pytester.path)
     )
-    proc.expect("rank 1: breakpoint")
-    proc.expect("(Pdb) ")
-    proc.send("p x")
-    proc.expect("41")
-    proc.send("c")
+    _look_and_continue(proc, "rank 1: breakpoint", "p x", "41")
     assert proc.wait() == 0, proc.text
     assert "1 passed" in proc.text
+
+
+def _look_and_continue(proc: PtyProcess, banner: str, expression: str, shows: str) -> None:
+    """At the breakpoint ``banner`` announces: ``expression`` shows ``shows``; then continue."""
+    proc.expect(banner)
+    proc.expect("(Pdb) ")
+    proc.send(expression)
+    proc.expect(shows)
+    proc.send("c")
 
 
 def test_a_breakpoint_without_a_terminal_does_not_hang(pytester: pytest.Pytester) -> None:
@@ -197,3 +202,81 @@ def test_quitting_at_a_ranks_breakpoint_fails_the_test_in_one_line(pytester: pyt
     assert proc.wait() == 1
     assert "rank 1: failed: the debugger was quit (q) in this rank" in proc.text
     assert "BdbQuit" not in proc.text
+
+
+SPECIAL_FAILS = """
+import pytest
+
+@pytest.mark.special
+def test_isolated_fails():
+    secret = 41
+    assert secret == 42
+
+@pytest.mark.special
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_isolated_ranks_fail(rank):
+    secret = 40 + rank
+    assert rank == 0
+
+def test_after():
+    pass
+"""
+
+
+def test_pdb_reaches_a_special_tests_interpreter_and_its_ranks(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_special_pdb=SPECIAL_FAILS)
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pdb", "test_special_pdb.py"]
+    proc = PtyProcess(argv, str(pytester.path))
+    proc.expect("the special test has the terminal")
+    proc.expect("the special test: post-mortem of its failure")
+    proc.expect("(Pdb) ")
+    proc.send("p secret * 2")
+    proc.expect("82")
+    proc.send("q")
+    proc.expect("rank 1 of the special test has the terminal")
+    proc.expect("rank 1: post-mortem of its failure")
+    proc.send("p secret * 3")
+    proc.expect("123")
+    proc.send("q")
+    assert proc.wait() == 1, proc.text
+    text = proc.text
+    # the failures stand as failures (not "the interpreter died"), and the session went on
+    assert "2 failed, 1 passed" in text
+    assert "interpreter died" not in text and "Quitting debugger" not in text
+    assert "FAILED test_special_pdb.py::test_isolated_fails - assert 41 == 42" in text
+
+
+SPECIAL_BREAKS = """
+import pytest
+
+@pytest.mark.special
+def test_isolated_stops():
+    secret = 7
+    breakpoint()
+    assert secret == 7
+
+@pytest.mark.special
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_isolated_rank_stops(rank):
+    secret = 8
+    if rank == 1:
+        breakpoint()
+    assert secret == 8
+"""
+
+
+@pytest.mark.parametrize("capture", ["-s", "--capture=fd"])
+def test_breakpoint_in_a_special_test_lends_it_the_sessions_terminal(pytester: pytest.Pytester, capture: str) -> None:
+    pytester.makepyfile(test_special_break=SPECIAL_BREAKS)
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", capture, "test_special_break.py"]
+    proc = PtyProcess(argv, str(pytester.path))
+    _look_and_continue(proc, "the special test: breakpoint", "p secret * 6", "42")
+    _look_and_continue(proc, "rank 1: breakpoint", "p secret * 6", "48")
+    assert proc.wait() == 0, proc.text
+    assert "2 passed" in proc.text
+
+
+def test_a_breakpoint_in_a_special_test_without_a_terminal_is_passed_over(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_special_break=SPECIAL_BREAKS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1")
+    result.assert_outcomes(passed=2)  # an xdist worker has no terminal to lend

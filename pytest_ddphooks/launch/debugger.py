@@ -41,37 +41,45 @@ class _Terminal:
                 stream.close()
 
 
-class RankDebugger:
-    """Opens pdb on the terminal the pytest process lends; one session at a time."""
+def borrow_terminal(path: str, ask: Callable[[str], None]) -> socket.socket | None:
+    """Listen at ``path``, ``ask`` the process that has a terminal to come, and return the
+    connection once it lent its terminal; None when it has none to lend."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        listener.listen(1)
+        listener.settimeout(ACCEPT_SECONDS)
+        ask(path)
+        conn, _ = listener.accept()
+    except OSError:
+        return None
+    finally:
+        listener.close()
+    conn.settimeout(None)
+    try:
+        lent = conn.recv(1) == LENT
+    except OSError:
+        lent = False
+    if not lent:  # no terminal to lend (an xdist worker)
+        conn.close()
+        return None
+    return conn
 
-    def __init__(self, path: str, rank: int, ask: Callable[[str], None]) -> None:
+
+class RankDebugger:
+    """Opens pdb on the terminal the pytest process lends; one session at a time. ``who``
+    names the process in pdb's banner (``rank 1``)."""
+
+    def __init__(self, path: str, ask: Callable[[str], None], who: str) -> None:
         self.path = path  # the socket the pytest process connects to
-        self.rank = rank
-        self._ask = ask  # notes the pytest process that this rank wants the terminal
+        self.who = who
+        self._ask = ask  # notes the pytest process that this process wants the terminal
 
     def _connect(self) -> tuple[socket.socket, _Terminal] | None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(self.path)
-            listener.listen(1)
-            listener.settimeout(ACCEPT_SECONDS)
-            self._ask(self.path)
-            conn, _ = listener.accept()
-        except OSError:
-            return None
-        finally:
-            listener.close()
-        conn.settimeout(None)
-        try:
-            lent = conn.recv(1) == LENT
-        except OSError:
-            lent = False
-        if not lent:  # no terminal to lend (an xdist worker)
-            conn.close()
-            return None
-        return conn, _Terminal(conn)
+        conn = borrow_terminal(self.path, self._ask)
+        return None if conn is None else (conn, _Terminal(conn))
 
     def post_mortem(self, exc: BaseException) -> bool:
         """pdb on a failure's traceback; returns whether a terminal was lent."""
@@ -80,7 +88,7 @@ class RankDebugger:
             return False
         conn, term = connected
         try:
-            term.writer.write(f"\n>>> rank {self.rank}: post-mortem of its failure (q ends the test) >>>\n")
+            term.writer.write(f"\n>>> {self.who}: post-mortem of its failure (q ends the test) >>>\n")
             term.writer.write("".join(traceback.format_exception_only(type(exc), exc)))
             term.writer.flush()
             debugger = pdb.Pdb(stdin=term.reader, stdout=term.writer)
@@ -102,7 +110,7 @@ class RankDebugger:
         if connected is None:
             return
         conn, term = connected
-        term.writer.write(f"\n>>> rank {self.rank}: breakpoint (c continues, q ends the test) >>>\n")
+        term.writer.write(f"\n>>> {self.who}: breakpoint (c continues, q ends the test) >>>\n")
         term.writer.flush()
         debugger = _Lent(term, conn)
         debugger.set_trace(frame or sys._getframe().f_back)
@@ -133,6 +141,24 @@ class _Lent(pdb.Pdb):
 def relay(path: str, stdin: IO[str], stdout: IO[str]) -> None:
     """The pytest process's side: lend the terminal to the rank listening at ``path`` until
     it closes the connection."""
+
+    def show(data: bytes) -> None:
+        stdout.write(data.decode("utf-8", errors="replace"))
+        stdout.flush()
+
+    _lend(path, stdin, lambda: stdin.readline().encode(), show)
+
+
+def splice(path: str, lent: socket.socket) -> None:
+    """Pass a terminal lent to this process (``lent``, from ``borrow_terminal``) on to the
+    process listening at ``path``, until that one closes the connection (a special test's
+    interpreter does this for its ranks: the terminal is its parent's)."""
+    _lend(path, lent, lambda: lent.recv(65536), lent.sendall)
+
+
+def _lend(path: str, terminal: Any, read: Callable[[], bytes], write: Callable[[bytes], None]) -> None:
+    """Connect to the debugger listening at ``path`` and carry its output to ``write`` and
+    what ``read`` gets from ``terminal`` to it, until it closes the connection."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -141,21 +167,20 @@ def relay(path: str, stdin: IO[str], stdout: IO[str]) -> None:
         sock.close()
         return
     try:
-        inputs: list[Any] = [sock, stdin]
+        inputs: list[Any] = [sock, terminal]
         while True:
             readable, _, _ = select.select(inputs, [], [])
             if sock in readable:
                 data = sock.recv(65536)
                 if not data:
                     return
-                stdout.write(data.decode("utf-8", errors="replace"))
-                stdout.flush()
-            if stdin in readable:
-                line = stdin.readline()
+                write(data)
+            if terminal in readable:
+                line = read()
                 if not line:  # the terminal closed: end the session as pdb's "q" would
-                    line = "q\n"
-                    inputs.remove(stdin)
-                sock.sendall(line.encode())
+                    line = b"q\n"
+                    inputs.remove(terminal)
+                sock.sendall(line)
     except OSError:
         return
     finally:

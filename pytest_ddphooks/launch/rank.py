@@ -346,7 +346,9 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
         recorder = state.recorder
         try:
             local = job.local_world_size
-            debugger = RankDebugger(job.path(rank, "debug"), rank, lambda path: note(notes, rank, "debug", path))
+            debugger = RankDebugger(
+                job.path(rank, "debug"), lambda path: note(notes, rank, "debug", path), f"rank {rank}"
+            )
             ctx = RankContext(
                 job, rank, job.world_size, rank % local, local, rank // local, recorder, state.store, notes, debugger
             )

@@ -89,7 +89,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if target is not None:
         config.pluginmanager.register(special.SpecialTargetHooks(target), "ddphooks-special-target")
         if special.reports_to_parent():
-            config.pluginmanager.register(special.SpecialChildHooks(config), "ddphooks-special-child")
+            config.pluginmanager.register(special.SpecialChildHooks(config), special.SPECIAL_CHILD_NAME)
 
 
 def _hands_tests_to_workers(config: pytest.Config) -> bool:

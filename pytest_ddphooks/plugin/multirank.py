@@ -15,7 +15,6 @@ import itertools
 import os
 import pickle
 import secrets
-import sys
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,6 @@ from _pytest.outcomes import Skipped
 
 from .. import coverage_relay
 from ..failure import RunFailure, Verdict, attempt_summary, classify, interrupted_lines, render
-from ..launch import debugger
 from ..launch.job import Job
 from ..launch.run import RunWatch
 from ..leaks import Leak
@@ -49,8 +47,8 @@ from .reports import (
     safe_name,
 )
 from .session import DdpSession, live_terminal
-from .special import runs_here
-from .terminal import terminal_markup, terminal_writer
+from .special import SPECIAL_CHILD_NAME, runs_here
+from .terminal import lend_terminal, terminal_markup
 
 
 @dataclass
@@ -321,25 +319,13 @@ class MultirankHooks:
         return True
 
     def _lend_terminal(self, rank: int, path: str) -> None:
-        """A rank wants a debugger: give it this process's terminal until it is done."""
-        capman = self.config.pluginmanager.getplugin("capturemanager")
-        if capman is not None:
-            capman.suspend_global_capture(in_=True)
-        try:
-            if hasattr(self.config, "workerinput"):
-                debugger.refuse(path)  # an xdist worker has no terminal
-                return
-            writer = terminal_writer(self.config)
-            if writer is not None:
-                writer.line()
-                writer.sep(">", f"rank {rank} has the terminal")
-            debugger.relay(path, sys.stdin, sys.stdout)
-            if writer is not None:
-                writer.line()
-                writer.sep("<", f"rank {rank} gave the terminal back")
-        finally:
-            if capman is not None:
-                capman.resume_global_capture()
+        """A rank wants a debugger: give it this process's terminal until it is done (in a
+        special test's interpreter, the terminal of the session that started it)."""
+        child = self.config.pluginmanager.get_plugin(SPECIAL_CHILD_NAME)
+        if child is not None:
+            child.lend_parent_terminal(f"rank {rank}", path)
+        else:
+            lend_terminal(self.config, f"rank {rank}", path)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:

@@ -25,7 +25,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import IO, Any, Literal
 
 import pytest
@@ -33,6 +33,7 @@ from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
 from .. import dump_signals, warning_relay
+from ..launch import debugger
 from ..launch.output import descriptors_to
 from ..launch.rendezvous import DIST_ENV
 from ..special import (
@@ -52,8 +53,10 @@ from .livelog import following_special, ship_live_log
 from .markers import BAD_MARKER_KEY, RUN_KEY, is_special
 from .reports import relay_warnings
 from .session import LIVE_TERMINAL_KEY, DdpSession
+from .terminal import lend_terminal
 
 TARGET_ENV = "DDPHOOKS_SPECIAL_NODEID"
+SPECIAL_CHILD_NAME = "ddphooks-special-child"
 
 
 # the special test this process's tree exists for; kept as the process started, since the
@@ -288,6 +291,7 @@ class SpecialHooks:
                 exit_grace=min(EXIT_GRACE, limit),
                 terminal=live,
                 basetemp=self._basetemp(item),
+                lend_terminal=lambda who, path: lend_terminal(self.config, who, path),
             )
         reports = []
         for message in run.messages:
@@ -440,6 +444,8 @@ class SpecialChildHooks:
             config.stash[LIVE_TERMINAL_KEY] = self.terminal[0]
         self.folder = os.path.dirname(messages)
         self.capture = config.getoption("capture", "fd") != "no"
+        self.post_mortem = False
+        self._asks = 0  # debuggers asked for: each listens at a socket of its own
         self._out: IO[str] = open(messages, "a", encoding="utf-8")  # noqa: SIM115
         self._stacks = open(stacks, "w")  # noqa: SIM115
         stacks_file = self._stacks
@@ -447,6 +453,37 @@ class SpecialChildHooks:
 
     def pytest_sessionstart(self) -> None:
         ship_live_log(self.config)  # the live log handler exists from here
+        # --pdb: the post-mortem opens on the terminal of the session that started this
+        # interpreter (pytest's own would read this one's stdin, which is no terminal)
+        self.post_mortem = self.config.pluginmanager.get_plugin("pdbinvoke") is not None
+        if self.post_mortem:
+            self.config.pluginmanager.unregister(name="pdbinvoke")
+
+    def _asking(self, who: str) -> tuple[str, Callable[[str], None]]:
+        """A socket of its own for a debugger this interpreter asks for, and how to ask the
+        parent session to lend its terminal there."""
+        self._asks += 1
+        return os.path.join(self.folder, f"debug{self._asks}"), lambda at: self._write(
+            {"event": "debug", "path": at, "who": who}
+        )
+
+    def _debugger(self) -> debugger.RankDebugger:
+        return debugger.RankDebugger(*self._asking("the special test"), who="the special test")
+
+    def lend_parent_terminal(self, who: str, path: str) -> None:
+        """A rank of this test wants a debugger: the terminal is the parent session's, passed on."""
+        lent = debugger.borrow_terminal(*self._asking(f"{who} of the special test"))
+        if lent is None:
+            debugger.refuse(path)
+            return
+        try:
+            debugger.splice(path, lent)
+        finally:
+            lent.close()
+
+    def pytest_exception_interact(self, node: pytest.Item, call: CallInfo[Any], report: pytest.TestReport) -> None:
+        if self.post_mortem and node.nodeid == self.target and call.excinfo is not None:
+            self._debugger().post_mortem(call.excinfo.value)
 
     def _write(self, message: dict[str, Any]) -> None:
         self._out.write(json.dumps(message) + "\n")
@@ -456,7 +493,28 @@ class SpecialChildHooks:
     def _phase(self, item: pytest.Item, when: str) -> Iterator[None]:
         """Descriptors 1 and 2 into this phase's files while it runs: what the test prints
         (pytest tees it there) and what any process it starts prints."""
-        if item.nodeid != self.target or not (self.capture or self.terminal):
+        if item.nodeid != self.target:
+            yield
+            return
+        with self._breakpoints(), self._descriptors(item, when):
+            yield
+
+    @contextlib.contextmanager
+    def _breakpoints(self) -> Iterator[None]:
+        """``breakpoint()`` in the test opens pdb on the parent session's terminal."""
+        if os.environ.get("PYTHONBREAKPOINT"):
+            yield
+            return
+        saved = sys.breakpointhook
+        sys.breakpointhook = lambda *args, **kwargs: self._debugger().set_trace(sys._getframe(1))
+        try:
+            yield
+        finally:
+            sys.breakpointhook = saved
+
+    @contextlib.contextmanager
+    def _descriptors(self, item: pytest.Item, when: str) -> Iterator[None]:
+        if not (self.capture or self.terminal):
             yield
             return
         if self.capture:

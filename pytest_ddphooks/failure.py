@@ -9,6 +9,7 @@ not a second culprit. Classification needs no ranks: tests build a ``RunReport``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Set
@@ -72,6 +73,7 @@ class RankState:
     exit: RankExit | None = None
     last: str = ""  # its last recorded event, for a rank that cannot show its stack
     injected: str = ""  # "killed by the injected fault kill(at=...) at event #14"
+    in_teardown: bool = False  # its body passed: it was tearing its fixtures down
 
 
 @dataclass(frozen=True)
@@ -505,9 +507,16 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     else:
         states = {r: rank_state(report, r) for r in sorted(report.stopped)}
         culprits = sorted(set(primary) | set(died)) or failed
+    states = {
+        r: dataclasses.replace(st, in_teardown=True) if st.state in _STUCK and r in body_passed else st
+        for r, st in states.items()
+    }
+    phase = _phase(report, cause, failures, setup_done)
+    if cause in (HANG, STALL) and n and all(_body_passed(report, r, body_passed) for r in range(n)):
+        phase = "teardown"  # every body passed: what never ended was a fixture's teardown
     failure = RunFailure(
         cause=cause,
-        phase=_phase(report, cause, failures, setup_done),
+        phase=phase,
         world_size=n,
         limit=report.limit,
         duration=report.duration,
@@ -538,9 +547,15 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
             if report.fired[r]
         ),
     )
-    if failure.phase == "teardown" and cause in (FAILURE, DEATH):
+    if failure.phase == "teardown" and cause in (FAILURE, DEATH, HANG, STALL):
         return Verdict("passed", teardown=failure)
     return Verdict("failed", failure)
+
+
+def _body_passed(report: RunReport, rank: int, body_passed: Set[int]) -> bool:
+    """The rank's body passed: it said so, or it finished the whole test passing."""
+    result = report.results.get(rank)
+    return rank in body_passed or (result is not None and result.outcome == "passed")
 
 
 def _stalled(report: RunReport, states: dict[int, RankState]) -> dict[int, str]:
@@ -631,6 +646,8 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
             return [f"rank {s.rank}: {s.injected}"]
         return [f"rank {s.rank}: died ({_exit_words(s.exit)})"]
     where = f", in {s.hooks}" if s.hooks else ""
+    if s.in_teardown:
+        where += ", in a fixture's teardown after its body passed"
     head = f"rank {s.rank}: " if stuck else f"rank {s.rank}: {s.reason}; it was "
     lines = []
     if s.state == "frozen":

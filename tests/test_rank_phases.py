@@ -112,3 +112,54 @@ def test_a_rank_that_dies_in_a_fixture_teardown_is_an_error_in_teardown(inner) -
     )
     # a rank that dies in its body is FAILED, as before
     ran.lines("*_ test_body_dies _*", "multirank test failed on rank 0 of 2", "  rank 0: died (exit code 4)")
+
+
+def test_a_rank_that_hangs_in_a_fixture_teardown_is_an_error_in_teardown(inner) -> None:
+    ran = inner(
+        """
+        import threading
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def never_closes(rank):
+            yield
+            threading.Event().wait()  # a shutdown that never returns
+
+        @pytest.fixture
+        def closes_alone(rank):
+            yield
+            if rank == 0:
+                dist.barrier()  # rank 1's teardown has no barrier
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_slow_teardown(rank, never_closes):
+            pass
+
+        @pytest.mark.multirank(world_size=2, timeout=30)
+        def test_lonely_teardown(rank, closes_alone):
+            pass
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_body_hangs(rank):
+            if rank == 0:
+                threading.Event().wait()
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=2, errors=2, failed=1)
+    ran.lines(
+        "*ERROR at teardown of test_slow_teardown*",
+        "hang: the test did not finish within 3 s (2 ranks)",
+        "  rank 0: still running, in a fixture's teardown after its body passed",
+        "    stuck at test_inner.py:8 in never_closes: threading.Event().wait()  # a shutdown that never returns",
+    )
+    ran.lines(
+        "*ERROR at teardown of test_lonely_teardown*",
+        "hang: the ranks were stopped after * s, not at the 30 s limit: they wait for ranks that finished the test",
+        "  rank 1 finished the test without calling barrier #1 on the default group; rank 0 waits in it",
+        "  rank 0: blocked in barrier #1 on the default group for * s, in a fixture's teardown after its body passed",
+    )
+    # a hang in a body is FAILED, as before, and says nothing of teardown
+    ran.lines("*_ test_body_hangs _*", "hang: the test did not finish within 3 s (2 ranks)", "  rank 0: still running")
+    assert "ERROR test_inner.py::test_body_hangs" not in ran.text

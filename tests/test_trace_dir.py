@@ -43,6 +43,30 @@ def test_trace_of_each_failed_test_is_written(inner, tmp_path) -> None:
     assert starts and starts == ends, "collectives are drawn as flow arrows between ranks"
 
 
+def test_a_run_that_fails_in_a_ranks_fixture_teardown_leaves_a_trace(inner, tmp_path) -> None:
+    traces = tmp_path / "traces"
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def closes_alone(rank):
+            yield
+            if rank == 0:
+                dist.barrier()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_lonely_teardown(rank, closes_alone):
+            pass
+        """,
+        f"--ddp-trace-dir={traces}",
+    )
+    ran.result.assert_outcomes(passed=1, errors=1)
+    assert [p.name for p in traces.iterdir()] == ["test_inner.py_test_lonely_teardown.json"]
+    ran.lines(f"Chrome trace of the timeline: {traces}/test_inner.py_test_lonely_teardown.json")
+
+
 def test_ini_twin(inner, pytester, tmp_path) -> None:
     traces = tmp_path / "from-ini"
     pytester.makeini(f"[pytest]\nddp_trace_dir = {traces}\n")

@@ -226,8 +226,9 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
             started_ns=report.started_ns if report.prepared else 0,
             stopped_ns=report.stopped_at_ns,
         )
-    if verdict.failure is not None and not _xfails(item, verdict):
-        verdict.failure.trace = write_trace(item, report, settings) or verdict.failure.trace
+    failed = verdict.failure or verdict.teardown  # an error in teardown is a failed run too
+    if failed is not None and not _xfails(item, verdict):
+        failed.trace = write_trace(item, report, settings) or failed.trace
 
 
 def write_trace(item: pytest.Item, report: RunReport, settings: Settings) -> str | None:

@@ -246,6 +246,20 @@ def test_a_rank_still_setting_up_when_the_run_hung_is_a_setup_error() -> None:
     assert classify(report, setup_done={0, 1}).failure.phase == "call"
 
 
+def test_a_run_that_hangs_after_every_body_passed_hangs_in_teardown() -> None:
+    report = _report(timed_out=True, stopped={0: "timed out", 1: "timed out"})
+    verdict = classify(report, setup_done={0, 1}, body_passed={0, 1})
+    assert verdict.outcome == "passed" and verdict.teardown is not None and verdict.teardown.cause == HANG
+    assert verdict.teardown.phase == "teardown"
+    assert "  rank 0: still running, in a fixture's teardown after its body passed" in render(verdict.teardown).text
+    # one body still running: the hang is the call's, and that rank is not said to tear down
+    verdict = classify(report, setup_done={0, 1}, body_passed={1})
+    assert verdict.outcome == "failed" and verdict.failure is not None and verdict.failure.phase == "call"
+    lines = render(verdict.failure).text.splitlines()
+    assert "  rank 0: still running" in lines
+    assert "  rank 1: still running, in a fixture's teardown after its body passed" in lines
+
+
 def test_a_fixture_teardown_that_fails_after_a_passing_body_leaves_the_test_passed() -> None:
     report = _report(results={0: _passed(0), 1: _failed(1, "RuntimeError: close", phase="teardown")})
     verdict = classify(report)

@@ -612,8 +612,30 @@ def ranks_words(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
 
 
-def _first(message: str) -> str:
-    return message.splitlines()[0] if message else message
+def _sameness(result: RankResult) -> tuple[object, ...]:
+    """What makes two ranks' failures the same: the phase, the line, and the traceback but
+    for the rank's own number (``rank = 1``) and where objects happen to live in memory."""
+    text = _OWN_RANK.sub("", result.longrepr)
+    return (result.phase, result.location, _ADDRESS.sub(" at 0x", text))
+
+
+_OWN_RANK = re.compile(r"^\s*rank\s*= \d+\n", re.MULTILINE)
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def _first(message: str, limit: int = 300) -> str:
+    """A failure's message on one line: its first, and when that only announces what follows
+    (it ends in ':'), the lines of its first paragraph after it."""
+    lines = message.splitlines()
+    if not lines:
+        return message
+    said = lines[0]
+    if said.endswith(":"):
+        for line in lines[1:]:
+            if not line.strip():
+                break
+            said += " " + line.strip()
+    return said if len(said) <= limit else said[: limit - 3] + "..."
 
 
 def _exit_words(ex: RankExit | None) -> str:
@@ -884,6 +906,7 @@ def render(f: RunFailure) -> Rendered:
     # which of ranks that failed on their own was first is only worth saying where others
     # failed because of it
     several = any(rf.how == "consequence" for rf in f.failures)
+    told: dict[tuple[object, ...], int] = {}  # a failure already shown whole -> its rank
     for rf in shown:
         if rf.result is None:
             continue
@@ -894,6 +917,12 @@ def render(f: RunFailure) -> Rendered:
             label += f": error in fixture {rf.result.phase} inside the rank"
         lines.append("")
         lines.append(f"{'-' * 20}{label} {'-' * 20}")
+        same = _sameness(rf.result)
+        if same in told:
+            # every rank asserting one thing about the one merged timeline fails alike
+            lines.append(f"the same failure as rank {told[same]}, at the same line (its traceback is above)")
+            continue
+        told.setdefault(same, rf.rank)
         lines.extend(rf.result.longrepr.rstrip("\n").splitlines())
     lines.extend(_stack_lines(f))
     if f.holds:

@@ -38,6 +38,40 @@ def test_assertion_on_some_ranks_names_each_with_its_own_traceback(inner) -> Non
     ran.lines("FAILED test_inner.py::test_values - ranks 1,2 failed; rank 1: assert 10*")
 
 
+def test_ranks_failing_alike_show_the_traceback_once_and_the_reason_in_their_line(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=3)
+        def test_order(rank, recorder):
+            recorder.mark("prepare" if rank == 0 else "setup")
+            recorder.timeline().assert_happens_before("prepare@0", "setup@1")
+        """,
+        "-l",
+    )
+    ran.result.assert_outcomes(failed=1)
+    reason = (
+        "pytest_ddphooks.TimelineAssertionError: 'prepare@0' does not happen before 'setup@1': prepare ended on"
+        " rank 0 (event #2) and setup started on rank 1 (event #2), and no collective connects them: rank 1 took"
+        " part in no collective with rank 0 before event #2"
+    )
+    ran.lines(
+        "multirank test failed on ranks 0,1,2 of 3",
+        f"  rank 0: failed: {reason}",
+        f"  rank 1: failed: {reason}",
+        f"  rank 2: failed: {reason}",
+        "*-- rank 0 --*",
+        "rank = 0",
+        "E*'prepare@0' does not happen before 'setup@1':",
+        "*-- rank 1 --*",
+        "the same failure as rank 0, at the same line (its traceback is above)",
+        "*-- rank 2 --*",
+        "the same failure as rank 0, at the same line (its traceback is above)",
+    )
+    assert ran.text.count("does not happen before 'setup@1':\n") == 1, "one traceback, not three"
+
+
 def test_output_of_each_rank_is_its_own_report_section(inner) -> None:
     ran = inner(
         """

@@ -219,6 +219,28 @@ def test_with_s_a_special_test_prints_to_the_terminal_too(pytester: pytest.Pytes
     assert result.stdout.str().count("test session starts") == 1
 
 
+@pytest.mark.parametrize("special", [False, True])
+def test_with_s_a_ranks_stderr_is_the_sessions_stderr(pytester: pytest.Pytester, special: bool) -> None:
+    pytester.makepyfile(
+        test_streams=f"""
+        import sys
+        import pytest
+
+        {"@pytest.mark.special" if special else ""}
+        @pytest.mark.multirank(world_size=2)
+        def test_prints_to_both(rank):
+            print(f"OUT-LINE {{rank}}")
+            print(f"ERR-LINE {{rank}}", file=sys.stderr)
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*[[]rank 0[]] OUT-LINE 0"])
+    result.stderr.fnmatch_lines(["[[]rank 0[]] ERR-LINE 0"])
+    result.stderr.fnmatch_lines(["[[]rank 1[]] ERR-LINE 1"])
+    assert "ERR-LINE" not in result.stdout.str() and "OUT-LINE" not in result.stderr.str()
+
+
 def test_capsys_disabled_in_a_rank_prints_on_the_terminal_as_in_a_plain_test(inner) -> None:
     ran = inner(
         """

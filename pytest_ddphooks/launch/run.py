@@ -67,16 +67,17 @@ class RunWatch:
         grace: float = 1.0,
         poll: float = POLL_SECONDS,
         lend_terminal: Callable[[int, str], None] | None = None,
-        live_fd: int | None = None,
+        live_fds: tuple[int, int] | None = None,
         live_log: LineSink | None = None,
     ) -> None:
         self.launcher = launcher
         self.job = job
-        # -s: the ranks' lines to this descriptor as they print them; live logging: the log
+        # -s: the ranks' lines to these descriptors as they print them; live logging: the log
         # records they ship, to pytest's live log; one thread follows both
         sinks: dict[str, LineSink] = {}
-        if job.live_output and live_fd is not None:
-            sinks["out"] = sinks["err"] = terminal_sink(live_fd)
+        if job.live_output and live_fds is not None:
+            # each stream to its own: a rank's stderr is the session's, as a plain test's is
+            sinks["out"], sinks["err"] = terminal_sink(live_fds[0]), terminal_sink(live_fds[1])
         if live_log is not None:
             sinks[LIVE_LOG] = live_log
         self._tail = (

@@ -451,7 +451,7 @@ class MultirankHooks:
             self.ddp.start_launcher(item.session),
             job,
             lend_terminal=self._lend_terminal,
-            live_fd=live,
+            live_fds=live,
             live_log=live_log_sink(self.config),
         )
         watch.start()

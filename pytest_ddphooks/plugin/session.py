@@ -18,7 +18,7 @@ from .settings import Settings
 SPECIAL_GRACE = 30.0  # a special multirank test's own watchdog reports first
 TIMED_SPECIAL_GRACE = 10.0  # pytest-timeout times the test inside; this catches what it cannot stop
 # in a special test's interpreter under -s: the parent's stdout, which the test prints to
-LIVE_TERMINAL_KEY = pytest.StashKey[int]()
+LIVE_TERMINAL_KEY = pytest.StashKey[tuple[int, int]]()
 COMPACT_MEMORY_RUNS = 20  # multirank runs in a session from which the fork server uses huge pages
 
 
@@ -129,9 +129,9 @@ class DdpSession:
         self._bypass = None
 
 
-def live_terminal(config: pytest.Config) -> int | None:
-    """Where ranks print their lines as they come (-s): pytest's stdout, or the parent's in a
-    special test's interpreter; None when output is captured."""
+def live_terminal(config: pytest.Config) -> tuple[int, int] | None:
+    """Where ranks print their lines as they come (-s): pytest's stdout and stderr, or the
+    parent's in a special test's interpreter; None when output is captured."""
     if config.getoption("capture", "fd") != "no":
         return None
-    return config.stash.get(LIVE_TERMINAL_KEY, 1)
+    return config.stash.get(LIVE_TERMINAL_KEY, (1, 2))

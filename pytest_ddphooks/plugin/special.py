@@ -441,7 +441,7 @@ class SpecialChildHooks:
         shared = os.environ.pop(TERMINAL_ENV, "")
         self.terminal = [int(fd) for fd in shared.split(",")] if shared else []
         if self.terminal:
-            config.stash[LIVE_TERMINAL_KEY] = self.terminal[0]
+            config.stash[LIVE_TERMINAL_KEY] = (self.terminal[0], self.terminal[1])
         self.folder = os.path.dirname(messages)
         self.capture = config.getoption("capture", "fd") != "no"
         self.post_mortem = False

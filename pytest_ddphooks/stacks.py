@@ -212,21 +212,83 @@ def is_library(path: str) -> bool:
     return any(full == root or full.startswith(root + os.sep) for root in _ROOTS)
 
 
-_HARNESS_BOUNDARY = (
-    (os.path.join("_pytest", "python.py"), "pytest_pyfunc_call"),
+_BODY_BOUNDARY = (os.path.join("_pytest", "python.py"), "pytest_pyfunc_call")
+_RANK_ENTRIES = (
     (os.path.join("pytest_ddphooks", "launch", "rank.py"), "rank_main"),
+    (os.path.join("pytest_ddphooks", "launch", "rank.py"), "prepared_rank_main"),
 )
 _HIDDEN = os.path.join("pytest_ddphooks", "recorder") + os.sep
 
 
+@dataclass(frozen=True)
+class OwnFrames:
+    """The frames of a stack that are the test's, innermost first; ``in_harness``: the stack
+    holds no frame of the test's code (the rank is stuck in the harness itself), so ``frames``
+    are the harness's own, from the rank's entry point."""
+
+    frames: list[Frame]
+    in_harness: bool = False
+
+
+def _at(frame: Frame, spot: tuple[str, str]) -> bool:
+    return frame.path.endswith(spot[0]) and frame.function == spot[1]
+
+
+def _machinery(frame: Frame) -> bool:
+    """A frame of what runs a test: this plugin, pytest, pluggy, ``python -m`` / a console script."""
+    global _MACHINERY
+    if _MACHINERY is None:
+        _MACHINERY = _machinery_roots()
+    if frame.path.startswith("<frozen"):
+        return True
+    full = os.path.abspath(frame.path)
+    return any(full == root or full.startswith(root + os.sep) for root in _MACHINERY)
+
+
+def _machinery_roots() -> tuple[str, ...]:
+    roots = [os.path.dirname(os.path.abspath(__file__)), os.path.abspath(sysconfig.get_paths()["scripts"])]
+    for name in ("_pytest", "pluggy", "pytest", "pytest_timeout", "xdist", "execnet", "runpy"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            roots.extend(os.path.abspath(p) for p in spec.submodule_search_locations)
+        elif spec is not None and spec.origin and os.path.isabs(spec.origin):
+            roots.append(os.path.abspath(spec.origin))
+    return tuple(roots)
+
+
+_MACHINERY: tuple[str, ...] | None = None
+
+
+def own_frames(frames: list[Frame]) -> OwnFrames:
+    """The frames of the test itself (innermost first, as given): its body's from the test
+    function in; else (a rank-side fixture's setup or teardown) from the first frame of user
+    code past the plugin's and pytest's fixture machinery, keeping what that code calls
+    (torch, the standard library). The recorder's wrappers around torch.distributed go."""
+    frames = [f for f in frames if _HIDDEN not in f.path]
+    outer = frames[::-1]
+    # in a rank, what is outside its entry point is never the test's: pytest's main and the
+    # fork server, which the rank was forked from (a console script's frame, an outer pytester
+    # session's test among them)
+    entry = next((i for i in range(len(outer) - 1, -1, -1) if any(_at(outer[i], e) for e in _RANK_ENTRIES)), None)
+    start = entry if entry is not None else 0
+    body = next((i for i in range(len(outer) - 1, start - 1, -1) if _at(outer[i], _BODY_BOUNDARY)), None)
+    if body is not None:
+        return OwnFrames(outer[body + 1 :][::-1])
+    user = next(
+        (i for i in range(start, len(outer)) if not is_library(outer[i].path) and not _machinery(outer[i])), None
+    )
+    if user is not None:
+        # from just past the machinery that called it: a library's decorator around a fixture stays
+        cut = max((i for i in range(start, user) if _machinery(outer[i])), default=start - 1)
+        return OwnFrames(outer[cut + 1 :][::-1])
+    if entry is not None:
+        return OwnFrames(outer[entry:][::-1], in_harness=True)
+    return OwnFrames(frames)
+
+
 def trim_harness(frames: list[Frame]) -> list[Frame]:
-    """The frames of the test itself: drop the launcher and pytest below the test function,
-    and the recorder's wrappers around torch.distributed calls."""
-    for i, frame in enumerate(frames):
-        if any(frame.path.endswith(path) and frame.function == fn for path, fn in _HARNESS_BOUNDARY):
-            frames = frames[:i]
-            break
-    return [f for f in frames if _HIDDEN not in f.path]
+    """The frames of the test itself: see :func:`own_frames`."""
+    return own_frames(frames).frames
 
 
 def user_frame(stack: ThreadStack, *, outside_installed: bool = False) -> Frame | None:
@@ -255,7 +317,10 @@ def rel_path(path: str) -> str:
 
 def format_stack(stack: ThreadStack, name: str) -> list[str]:
     lines = [f"{name} (most recent call last):"]
-    for frame, run in itertools.groupby(reversed(trim_harness(stack.frames))):
+    shown = own_frames(stack.frames)
+    if shown.in_harness:  # said, rather than left for the reader to find in the plugin's frames
+        lines.append("  (no frame of the test's code: the rank is in the harness itself, here from its start)")
+    for frame, run in itertools.groupby(reversed(shown.frames)):
         told = [f'  File "{rel_path(frame.path)}", line {frame.line}, in {frame.function}']
         src = frame.source()
         if src:

@@ -808,3 +808,123 @@ def test_a_hang_deeper_than_faulthandler_dumps_still_names_the_tests_line(inner)
         "  [[]the same frame 119 more times[]]",
     )
     ran.no_lines("*the dump holds the innermost 100 frames*")
+
+
+def _stacks(text: str) -> list[list[str]]:
+    """Each "rank N stack" block of a report, its header first."""
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("rank ") and " stack, " in line:
+            blocks.append([line])
+        elif blocks and blocks[-1][-1] and line.startswith("  "):
+            blocks[-1].append(line)
+        elif blocks:
+            blocks[-1].append("")  # the block ended
+    return [[ln for ln in b if ln] for b in blocks]
+
+
+def test_a_hang_in_a_rank_fixture_shows_the_fixtures_frames_not_the_harness(inner) -> None:
+    """In setup and teardown, in the first test's ranks and in ranks the fork server prepared
+    (forked from inside pytest's main): the stack starts at the fixture, as a body's does."""
+    ran = inner(
+        """
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def hangs_in_setup(rank):
+            if rank == 0:
+                dist.barrier()
+            yield
+
+        @pytest.fixture
+        def hangs_in_teardown(rank):
+            yield
+            if rank == 0:
+                dist.barrier()
+
+        @pytest.fixture
+        def slow(rank):
+            time.sleep(60)
+            yield
+
+        @pytest.mark.multirank(world_size=2, timeout=30)
+        def test_setup(rank, hangs_in_setup):
+            pass
+
+        @pytest.mark.multirank(world_size=2, timeout=30)
+        def test_teardown(rank, hangs_in_teardown):
+            pass
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_slow(rank, slow):
+            pass
+
+        @pytest.mark.multirank(world_size=2, timeout=30)
+        def test_body(rank):
+            if rank == 0:
+                dist.barrier()
+
+        @pytest.fixture
+        def never_closes(rank):
+            yield
+            time.sleep(60)  # a shutdown that never returns
+
+        @pytest.mark.multirank(world_size=2, timeout=2)
+        def test_slow_teardown(rank, never_closes):
+            pass
+        """
+    )
+    ran.result.assert_outcomes(errors=4, passed=2, failed=1)
+    stacks = _stacks(ran.text)
+    assert [b[:2] for b in stacks] == [
+        ["rank 0 stack, MainThread (most recent call last):", '  File "test_inner.py", line 8, in hangs_in_setup'],
+        ["rank 0 stack, MainThread (most recent call last):", '  File "test_inner.py", line 15, in hangs_in_teardown'],
+        ["rank 0 stack, MainThread (most recent call last):", '  File "test_inner.py", line 19, in slow'],
+        ["rank 1 stack, MainThread (most recent call last):", '  File "test_inner.py", line 19, in slow'],
+        ["rank 0 stack, MainThread (most recent call last):", '  File "test_inner.py", line 42, in never_closes'],
+        ["rank 1 stack, MainThread (most recent call last):", '  File "test_inner.py", line 42, in never_closes'],
+        ["rank 0 stack, MainThread (most recent call last):", '  File "test_inner.py", line 37, in test_body'],
+    ]
+    # a hang once every body passed is the teardown's error, each rank said to be there
+    ran.lines(
+        "*ERROR at teardown of test_teardown*",
+        "hang: the ranks were stopped after * s, not at the 30 s limit: they wait for ranks that finished the test",
+        "  rank 1 finished the test without calling barrier #1 on the default group; rank 0 waits in it",
+        "  rank 0: blocked in barrier #1 on the default group for * s, in a fixture's teardown after its body passed",
+    )
+    ran.lines(
+        "*ERROR at teardown of test_slow_teardown*",
+        "hang: the test did not finish within 2 s (2 ranks)",
+        "  rank 0: still running, in a fixture's teardown after its body passed",
+        "    stuck at test_inner.py:42 in never_closes: time.sleep(60)  # a shutdown that never returns",
+    )
+    # a hang in a body is FAILED, as before, and says nothing of teardown
+    ran.lines("*_ test_body _*", "hang: the ranks were stopped after * s*", "  rank 0: blocked in barrier #1*")
+    ran.no_lines("*test_body*teardown*")
+    for block in stacks:
+        assert not [ln for ln in block if "pytest_ddphooks/" in ln or "_pytest/" in ln or "<frozen" in ln], block
+    # what the fixture called stays, as in a body's stack
+    ran.result.stdout.fnmatch_lines(
+        [
+            '  File "test_inner.py", line 8, in hangs_in_setup',
+            "    dist.barrier()",
+            '  File "*torch/distributed/c10d_logger.py", line *, in wrapper',
+        ],
+        consecutive=True,
+    )
+    # the body's stack, as it has always been (its header is checked above)
+    ran.result.stdout.fnmatch_lines(
+        [
+            '  File "test_inner.py", line 37, in test_body',
+            "    dist.barrier()",
+            '  File "*torch/distributed/c10d_logger.py", line *, in wrapper',
+            "    return func(*args, **kwargs)",
+            '  File "*torch/distributed/distributed_c10d.py", line *, in barrier',
+            "    work.wait()",
+            "",
+        ],
+        consecutive=True,
+    )
+    ran.no_lines("*no frame of the test's code*")

@@ -5,11 +5,24 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import time
+
+import _pytest
+import pluggy
 
 import pytest_ddphooks
 from pytest_ddphooks.launch import procs
-from pytest_ddphooks.stacks import dump_stacks, fatal_error, without_harness_frames
+from pytest_ddphooks.stacks import (
+    Frame,
+    OwnFrames,
+    ThreadStack,
+    dump_stacks,
+    fatal_error,
+    format_stack,
+    own_frames,
+    without_harness_frames,
+)
 
 ANSWERS = """
 import faulthandler, signal, sys, time
@@ -143,3 +156,65 @@ def test_a_crash_dump_in_a_ranks_stderr_leaves_out_the_harness() -> None:
         "Extension modules: torch._C (total: 1)\n"
     )
     assert without_harness_frames("no dump here\n") == "no dump here\n"
+
+
+def _frames(*outer_first: tuple[str, str]) -> list[Frame]:
+    """A main thread's frames as a dump holds them (innermost first), given outermost first."""
+    return [Frame(path, 1, fn) for path, fn in outer_first][::-1]
+
+
+_PKG = os.path.dirname(os.path.abspath(pytest_ddphooks.__file__))
+_PYTEST = os.path.dirname(os.path.abspath(_pytest.__file__))
+_PLUGGY = os.path.dirname(os.path.abspath(pluggy.__file__))
+_STDLIB = sysconfig.get_paths()["stdlib"]
+_TORCH = os.path.join(os.path.dirname(_PYTEST), "torch")
+_USER = "/srv/project/test_x.py"
+# a rank the fork server prepared before its test: forked from deep inside pytest's main
+_PREPARED = (
+    ("<frozen runpy>", "_run_module_as_main"),
+    (f"{_PYTEST}/config/__init__.py", "main"),
+    (f"{_PLUGGY}/_callers.py", "_multicall"),
+    (f"{_PKG}/plugin/multirank.py", "pytest_runtestloop"),
+    (f"{_PKG}/launch/forkserver.py", "_fork_ranks"),
+    (f"{_PKG}/launch/rank.py", "prepared_rank_main"),
+    (f"{_PKG}/launch/rank.py", "_run"),
+    (f"{_PKG}/plugin/rankbody.py", "_run_body"),
+)
+
+
+def test_a_rank_fixtures_stack_starts_at_the_fixture_and_keeps_what_it_calls() -> None:
+    barrier = [(f"{_TORCH}/distributed/c10d_logger.py", "wrapper"), (f"{_PKG}/recorder/distpatch.py", "wrapper")]
+    setup = _frames(*_PREPARED, (f"{_PKG}/plugin/rankfixtures.py", "_evaluate"), (_USER, "hangs"), *barrier)
+    assert own_frames(setup) == OwnFrames(_frames((_USER, "hangs"), barrier[0]))
+    # the first test's ranks are forked by the fork server itself, not prepared
+    first = _frames((f"{_PKG}/launch/rank.py", "rank_main"), *_PREPARED[6:], (_USER, "hangs"))
+    assert own_frames(first).frames == _frames((_USER, "hangs"))
+    # forked inside a test of an outer session (pytester): that test's body is not the rank's
+    outer_test = [(f"{_PYTEST}/python.py", "pytest_pyfunc_call"), ("/srv/project/test_outer.py", "test_it")]
+    nested = setup + _frames(*outer_test)
+    assert own_frames(nested) == own_frames(setup)
+    # a decorator around the fixture, and pytest's machinery the fixture calls, are the fixture's doing
+    teardown = _frames(
+        *_PREPARED,
+        (f"{_PKG}/plugin/rankfixtures.py", "finish"),
+        (f"{_STDLIB}/contextlib.py", "inner"),
+        (_USER, "hangs"),
+        (f"{_PYTEST}/fixtures.py", "getfixturevalue"),
+    )
+    assert own_frames(teardown).frames == teardown[:3]
+
+
+def test_a_body_or_a_thread_of_the_test_keeps_its_stack_as_it_was() -> None:
+    body = _frames(*_PREPARED, (f"{_PYTEST}/python.py", "pytest_pyfunc_call"), (_USER, "test_x"))
+    assert own_frames(body) == OwnFrames(_frames((_USER, "test_x")))
+    thread = _frames((f"{_STDLIB}/threading.py", "_bootstrap"), (_USER, "worker"), (f"{_STDLIB}/queue.py", "get"))
+    assert own_frames(thread) == OwnFrames(thread)
+
+
+def test_a_rank_stuck_in_the_harness_is_said_and_shown_from_its_entry_point() -> None:
+    stuck = _frames(*_PREPARED[:6], (f"{_PKG}/launch/rank.py", "_await_job"))
+    assert own_frames(stuck) == OwnFrames(stuck[:2], in_harness=True)
+    lines = format_stack(ThreadStack(1, True, stuck), "rank 0 stack, MainThread")
+    assert lines[1] == "  (no frame of the test's code: the rank is in the harness itself, here from its start)"
+    told = [ln for ln in lines if ln.startswith("  File")]
+    assert [ln.rsplit(", in ", 1)[1] for ln in told] == ["prepared_rank_main", "_await_job"]

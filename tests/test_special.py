@@ -214,6 +214,9 @@ def test_special_test_that_hangs_is_killed_and_the_session_goes_on(pytester) -> 
             "special test did not finish within 3 s",
             "its interpreter was killed, with every process it started",
             "stuck at test_hang.py:10 in test_sleeps: time.sleep(600)",
+            "",
+            "the special test's stack, MainThread (most recent call last):",
+            '  File "test_hang.py", line 10, in test_sleeps',
         ]
     )
     result.stdout.fnmatch_lines(["*_ test_ranks_hang _*", "hang: the test did not finish within 2 s (2 ranks)"])

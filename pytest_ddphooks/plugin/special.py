@@ -383,8 +383,12 @@ def _stack_lines(run: IsolatedRun) -> list[str]:
             lines.append(f"stuck at {rel_path(frame.path)}:{frame.line} in {frame.function}: {frame.source()}")
             break
     names = {int(t.get("ident") or 0): str(t.get("name")) for t in _lingering(run)}
+    main = next((m.get("main") for m in run.messages if m.get("event") == "start"), None)
     for thread in run.stacks.threads:
         lines.append("")
+        if thread.ident == main:  # as a rank's is told
+            lines.extend(format_stack(thread, "the special test's stack, MainThread"))
+            continue
         name = f" {names[thread.ident]!r}" if thread.ident in names else ""
         lines.extend(format_stack(thread, f"thread 0x{thread.ident:x}{name}"))
     return lines
@@ -566,7 +570,7 @@ class SpecialChildHooks:
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         if nodeid == self.target:
-            self._write({"event": "start"})
+            self._write({"event": "start", "main": threading.main_thread().ident})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.nodeid == self.target:

@@ -584,24 +584,26 @@ def _thread_names(report: RunReport) -> dict[tuple[int, int], str]:
 
 def _quiet_verdict(report: RunReport) -> Verdict:
     results = sorted(report.results.items())
-    xfailed = [res for _, res in results if res.outcome == "xfailed"]
-    if xfailed:
-        return Verdict("xfailed", message=xfailed[0].message)
-    skipped = [r for r, res in results if res.outcome == "skipped"]
-    if skipped:
-        first = report.results[skipped[0]]
-        reasons: dict[str, list[int]] = {}
-        for r in skipped:
-            reasons.setdefault(report.results[r].message, []).append(r)
-        passed = "; the other ranks passed" if len(skipped) < report.world_size else ""
-        if len(reasons) == 1:
-            text = first.message + (f" (on {ranks_words(skipped)}{passed})" if passed else "")
-        else:  # each rank's own reason, not the first one's for all
-            # each as pytest shows a skip's reason: without the "Skipped: " it only strips at the start
-            text = "; ".join(f"{why.removeprefix('Skipped: ')} (on {ranks_words(rs)})" for why, rs in reasons.items())
-            text += passed
-        return Verdict("skipped", message=text, location=first.location)
+    for outcome in ("xfailed", "skipped"):
+        ranks = [r for r, res in results if res.outcome == outcome]
+        if ranks:
+            first = report.results[ranks[0]]
+            return Verdict(outcome, message=_merged_reasons(report, ranks), location=first.location)
     return Verdict("passed")
+
+
+def _merged_reasons(report: RunReport, ranks: list[int]) -> str:
+    """Why ``ranks`` skipped (or xfailed), as one reason: each rank's own where they differ,
+    and which ranks when not all did (the others passed)."""
+    reasons: dict[str, list[int]] = {}
+    for r in ranks:
+        reasons.setdefault(report.results[r].message, []).append(r)
+    passed = "; the other ranks passed" if len(ranks) < report.world_size else ""
+    if len(reasons) == 1:
+        return report.results[ranks[0]].message + (f" (on {ranks_words(ranks)}{passed})" if passed else "")
+    # each as pytest shows a skip's reason: without the "Skipped: " it only strips at the start
+    text = "; ".join(f"{why.removeprefix('Skipped: ')} (on {ranks_words(rs)})" for why, rs in reasons.items())
+    return text + passed
 
 
 # -- rendering -------------------------------------------------------------------------------

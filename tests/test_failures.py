@@ -316,11 +316,22 @@ def test_skip_on_some_ranks_says_so(inner) -> None:
         def test_partial(rank):
             if rank == 1:
                 pytest.skip("rank 1 has no data")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_partial_xfail(rank):
+            if rank == 0:
+                pytest.xfail("rank 0 knows it fails")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_xfail_everywhere(rank):
+            pytest.xfail("known everywhere")
         """,
-        "-rs",
+        "-rsx",
     )
-    ran.result.assert_outcomes(skipped=1)
+    ran.result.assert_outcomes(skipped=1, xfailed=2)
     ran.lines("*rank 1 has no data (on rank 1; the other ranks passed)*")
+    ran.lines("XFAIL test_inner.py::test_partial_xfail - rank 0 knows it fails (on rank 0; the other ranks passed)")
+    ran.lines("XFAIL test_inner.py::test_xfail_everywhere - known everywhere")
 
 
 BAD_MARKERS = {

@@ -38,6 +38,9 @@ def _aligned(inst: Instance) -> bool:
     return inst.key[0] in ("c", "m") and len(inst.members) > 1 and inst.complete and inst.consistent
 
 
+_POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv"})
+
+
 def _cell(e: Event, ended: Mapping[tuple[int, int], Mapping[str, Any]], noop: set[tuple[int, int]]) -> str | None:
     """The text of one event in its lane, or None when it is not drawn (``ended``: (rank, call
     id) of the calls that returned -> their end's info; ``noop``: of the no-op barriers)."""
@@ -63,11 +66,14 @@ def _cell(e: Event, ended: Mapping[tuple[int, int], Mapping[str, Any]], noop: se
     if e.phase == events.END:
         return f"{tag}x {op} raised" if "error" in e.info else None
     if e.kind == events.WAIT:
-        return f"{tag}~ wait {op} #{e.info.get('seq')}{stuck}" if e.info.get("seq") else f"{tag}~ wait {op}{stuck}"
+        # a send's number counts its channel, not the group's sequence (a receive's is known
+        # only once it returned): a wait says a number only for a collective
+        seq = e.info.get("seq") if collectives.CANONICAL.get(op, op) not in _POINT_TO_POINT else None
+        return f"{tag}~ wait {op} #{seq}{stuck}" if seq else f"{tag}~ wait {op}{stuck}"
     if e.kind == events.P2P:
         peer = e.info.get("dst") if e.info.get("sync") == collectives.SEND else e.info.get("src")
         arrow = "->" if e.info.get("sync") == collectives.SEND else "<-"
-        return f"{tag}{op} {arrow} {peer if peer is not None else 'any'}{stuck}"
+        return f"{tag}= {op} {arrow} {peer if peer is not None else 'any'}{stuck}"
     if not e.info.get("effective", True):  # it reached no group: none existed, or the rank is not in it
         reached = "not a member" if e.info.get("member") is False else "no group"
         return f"{tag}= {op} ({reached}){stuck}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from synth import Sim
 
-from pytest_ddphooks.recorder import Timeline
+from pytest_ddphooks.recorder import Timeline, events
 
 
 def sample() -> Sim:
@@ -201,3 +201,20 @@ def test_a_rank_outside_a_sub_group_never_shares_or_fills_its_collectives_row() 
     cells = [c.strip() for c in row.split("|")]
     assert cells[0].endswith("=") and cells[1].endswith("=") and cells[2] == ""
     assert any(line.split("|")[2].strip() == "* b" for line in lines if line.count("|") == 2)
+
+
+def test_swimlanes_draw_sends_and_receives_as_synchronising_and_their_waits_without_a_channel_number() -> None:
+    sim = Sim(2)
+    sent = sim.send_start(0, 1, op="isend")
+    sim.end(sent, {"async": True})
+    received = sim.recv_start(1, 0, op="irecv")
+    sim.recv_end(received)
+    sim.end(sim.start(0, "dist.isend.wait", events.WAIT, {"op": "isend", "seq": 1}))
+    sim.end(sim.start(1, "dist.irecv.wait", events.WAIT, {"op": "irecv"}))
+    sim.end(sim.start(0, "dist.all_reduce.wait", events.WAIT, {"op": "all_reduce", "seq": 3}))
+    rows = columns(sim.timeline().swimlanes(width=30))[2:]
+    cells = [c.rstrip(" |") for row in rows for c in row if c]
+    assert "= isend -> 1" in cells and "= irecv <- 0" in cells
+    # a send's number counts its channel, not the group's sequence: its wait says none, as a receive's
+    assert "~ wait isend" in cells and "~ wait irecv" in cells
+    assert "~ wait all_reduce #3" in cells

@@ -23,8 +23,9 @@ from .recorder.timeline import Mismatch, Span, Timeline
 from .report import RankExit, RankResult, RunReport
 from .stacks import Frame, Stacks, ThreadStack, fatal_error, format_stack, installed, user_frame
 
-# gloo's words for a peer gone, and the store's (``timeline()`` waits on the run's store)
-_PEER_GONE = re.compile(
+# gloo's words for a peer gone, and the store's (``timeline()`` waits on the run's store): a
+# rank failing so is most likely a consequence of that peer
+PEER_GONE = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|Socket closed"
     r"|Connection was likely closed"
 )
@@ -146,7 +147,7 @@ def first_failure(results: dict[int, RankResult]) -> int | None:
     """Where results came without the order of their ends (under torchrun): the first rank
     that failed on its own, not because a peer went away."""
     failed = [r for r, res in sorted(results.items()) if res.outcome == "failed"]
-    return next((r for r in failed if not _PEER_GONE.search(results[r].message)), failed[0] if failed else None)
+    return next((r for r in failed if not PEER_GONE.search(results[r].message)), failed[0] if failed else None)
 
 
 def _gone_peer(report: RunReport, rank: int) -> int | None:
@@ -169,18 +170,18 @@ def _gone_peer(report: RunReport, rank: int) -> int | None:
                 for r in others
                 if (res := report.results.get(r)) is not None
                 and res.outcome == "failed"
-                and not _PEER_GONE.search(res.message)
+                and not PEER_GONE.search(res.message)
             ),
             None,
         )
     first_result = report.results.get(first)
-    if killed is not None and first_result is not None and _PEER_GONE.search(first_result.message):
+    if killed is not None and first_result is not None and PEER_GONE.search(first_result.message):
         return killed  # the first to fail only lost its peer too: the killed one went first
     return first
 
 
 def _consequence(report: RunReport, rank: int, result: RankResult) -> bool:
-    return _gone_peer(report, rank) is not None and bool(_PEER_GONE.search(result.message))
+    return _gone_peer(report, rank) is not None and bool(PEER_GONE.search(result.message))
 
 
 def _open_collective(spans: list[Span]) -> Span | None:

@@ -209,6 +209,37 @@ def test_a_rank_that_dies_is_named_and_the_others_stop_at_once(inner, how: str) 
     assert ran.seconds < 20, "the others must be stopped at once, not at the 60 s limit"
 
 
+def test_a_rank_that_lost_its_peer_shows_a_short_traceback_unless_long_is_asked_for(inner) -> None:
+    source = """
+        import pytest
+
+        def exchange():
+            \"\"\"Swap the shards with the peer.
+
+            A DOCSTRING LINE nobody needs to read when the peer is gone.
+            \"\"\"
+            raise RuntimeError("Read error: Connection reset by peer")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_swap(rank):
+            if rank == 0:
+                exchange()
+        """
+    ran = inner(source)
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "*-- rank 0 --*",
+        "test_inner.py:13: in test_swap",
+        "    exchange()",
+        "test_inner.py:8: in exchange",
+        '    raise RuntimeError("Read error: Connection reset by peer")',
+        "E   RuntimeError: Read error: Connection reset by peer",
+    )
+    ran.no_lines("*A DOCSTRING LINE*")
+    ran = inner(source, "--tb=long")
+    ran.lines("*A DOCSTRING LINE*")
+
+
 def test_segfault_shows_the_crashing_line(inner) -> None:
     ran = inner(
         """

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from _pytest import assertion as _assertion
 from _pytest._code import ExceptionInfo
+from _pytest._code.code import TerminalRepr
 from _pytest._io import TerminalWriter
 from _pytest.junitxml import xml_key
 from _pytest.logging import caplog_records_key
@@ -29,6 +30,7 @@ from _pytest.outcomes import Exit, Skipped, XFailed
 from _pytest.warnings import catch_warnings_for_item
 
 from .. import warning_relay
+from ..failure import PEER_GONE
 from ..faults import Faults
 from ..launch import livelog
 from ..launch.job import Job
@@ -65,7 +67,13 @@ def register_items(items: list[pytest.Item]) -> None:
 
 def _render(item: pytest.Function, exc: BaseException, markup: bool) -> tuple[str, str, tuple[str, int] | None]:
     excinfo = ExceptionInfo.from_exception(exc)
-    longrepr = item.repr_failure(excinfo)
+    crash = excinfo._getreprcrash()
+    message = crash.message if crash is not None else f"{type(exc).__name__}: {exc}"
+    if PEER_GONE.search(message) and item.config.getoption("tbstyle", "auto") == "auto":
+        # the story is the peer's: where this rank was is enough, not every torch frame's source
+        longrepr: str | TerminalRepr = item._repr_failure_py(excinfo, style="short")
+    else:
+        longrepr = item.repr_failure(excinfo)
     buf = io.StringIO()
     tw = TerminalWriter(file=buf)
     tw.hasmarkup = markup
@@ -73,8 +81,6 @@ def _render(item: pytest.Function, exc: BaseException, markup: bool) -> tuple[st
         tw.line(longrepr)
     else:
         longrepr.toterminal(tw)
-    crash = excinfo._getreprcrash()
-    message = crash.message if crash is not None else f"{type(exc).__name__}: {exc}"
     location = (str(crash.path), crash.lineno) if crash is not None else None
     return buf.getvalue(), message, location
 

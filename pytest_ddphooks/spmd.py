@@ -14,11 +14,12 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from . import blobs
 from .failure import ranks_words
 from .launch.rendezvous import no_reverse_lookups
 from .recorder.timeline import Mismatch
@@ -202,6 +203,28 @@ class Coordinator:
                 return
             time.sleep(step)
             step = min(step * 2, 0.05)
+
+    def hand_over(self, name: str, blob: bytes) -> None:
+        """This rank's ``blob`` (of any size) under ``name``, once a session, outside the
+        ranks' lockstep calls: what a rank leaves for rank 0 as a hang ends the run."""
+        key = f"{name}-handed-over/{self.rank}"
+        chunks = blobs.put(self.store, key, blob)
+        self.store.set(f"{key}/n", str(chunks).encode())  # last: the blob is whole once this is there
+
+    def handed_over(self, name: str, ranks: Iterable[int], timeout: float) -> dict[int, bytes]:
+        """What those of ``ranks`` handed over under ``name``, waiting ``timeout`` seconds at
+        most for the ones that did not yet (a rank stuck in native code never does)."""
+        deadline = time.monotonic() + timeout
+        pending, taken = set(ranks), {}
+        while True:
+            for r in sorted(pending):
+                key = f"{name}-handed-over/{r}"
+                if self.store.check([f"{key}/n"]):
+                    taken[r] = blobs.get(self.store, key, int(bytes(self.store.get(f"{key}/n"))))
+            pending -= taken.keys()
+            if not pending or time.monotonic() >= deadline:
+                return taken
+            time.sleep(0.05)
 
     def arrived(self, name: str) -> dict[int, bytes]:
         """What the ranks that already posted for this rank's next call of ``name`` posted."""

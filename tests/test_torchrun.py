@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import textwrap
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -563,3 +564,129 @@ def test_exitfirst_stops_every_rank_when_a_plain_test_fails_on_one(pytester: pyt
     assert "= 1 failed in" in out, out
     assert "forcefully exiting" not in out, out  # rank 1 stopped too, torchrun never had to kill it
     assert seconds < 25
+
+
+COVERED = """
+def branchy(rank):
+    if rank == 0:
+        x = "zero"
+    else:
+        x = "other"
+    return x
+
+
+def never():
+    return 1
+"""
+
+HANGS = {
+    # every rank's watchdog fires: rank 0 reports from its watchdog's thread, its main one stuck
+    "on every rank": "if rank == 1:\n        time.sleep(100)\n    dist.barrier()",
+    # rank 0 finished the body: it learns of the hang in the main thread and ends its loop there
+    "on rank 1 alone": "if rank == 1:\n        time.sleep(100)",
+    "nowhere": "dist.barrier()",
+}
+
+
+@pytest.mark.parametrize("hang", list(HANGS))
+def test_a_hang_keeps_the_coverage_of_every_rank_and_fail_under_decides(pytester: pytest.Pytester, hang: str) -> None:
+    pytest.importorskip("pytest_cov", reason="pytest-cov is installed with the test extras (ci/constraints.txt)")
+    pytester.mkpydir("mypkg")
+    (pytester.path / "mypkg" / "__init__.py").write_text(COVERED)
+    pytester.makepyfile(
+        test_cov_tr="""
+        import pytest
+        import torch.distributed as dist
+        import mypkg
+
+        @pytest.mark.multirank(world_size=2)
+        def test_branchy(rank):
+            mypkg.branchy(rank)
+            dist.barrier()
+        """,
+        test_then=textwrap.dedent(
+            """
+            import time
+            import pytest
+            import torch.distributed as dist
+
+            @pytest.mark.multirank(world_size=2, timeout=3)
+            def test_hang(rank):
+                BODY
+
+            def test_after():
+                pass
+            """
+        ).replace("BODY", HANGS[hang]),
+    )
+    code, out, seconds = torchrun(
+        pytester.path,
+        "--junitxml=j.xml",
+        "--cov=mypkg",
+        "--cov-branch",
+        "--cov-report=term-missing",
+        "--cov-report=xml:cov.xml",
+        "--cov-fail-under=90",
+    )
+    assert code != 0 and seconds < 60, out
+    # rank 1's branch counts (its lines of the test before the hang): only never() is missed,
+    # the same report as a run without a hang
+    assert [ln.split()[1:] for ln in out.splitlines() if ln.startswith("mypkg/__init__.py")] == [
+        ["7", "1", "2", "0", "89%", "11"]
+    ], out
+    assert "FAIL Required test coverage of 90% not reached. Total coverage: 88.89%" in out, out
+    assert "Coverage XML written to file cov.xml" in out, out
+    assert sorted(p.name for p in pytester.path.glob(".coverage*")) == [".coverage"]
+    assert "handed none over" not in out, out
+    cases = {c.get("name"): c for c in ET.parse(pytester.path / "j.xml").getroot().iter("testcase")}
+    if hang == "nowhere":
+        assert "= 3 passed" in out, out
+        assert set(cases) == {"test_branchy", "test_hang", "test_after"}
+    else:
+        assert "FAILED test_then.py::test_hang" in out, out
+        assert set(cases) == {"test_branchy", "test_hang"}
+        # rank 0 wrote its reports before torchrun stopped it: nothing was killed
+        assert "forcefully exiting" not in out, out
+
+
+def test_under_torchrun_each_ranks_log_is_in_its_own_section(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_log_tr="""
+        import logging
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_log(rank):
+            print(f"printed on rank {rank}")
+            logging.getLogger("app").warning("log from rank %d", rank)
+            assert rank == 0
+
+        @pytest.mark.multirank(world_size=2)
+        def test_caplog_reads_its_own_rank(rank, caplog):
+            logging.getLogger("app").warning("only mine %d", rank)
+            assert [r.getMessage() for r in caplog.records] == [f"only mine {rank}"]
+
+        def test_plain():
+            logging.getLogger("app").warning("plain log")
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "-rA")
+    assert code != 0
+    assert "= 1 failed, 2 passed" in out, out
+    # the failing rank's record too, each labelled, as without torchrun
+    for words in ("WARNING  app:test_log_tr.py:7 log from rank 0", "WARNING  app:test_log_tr.py:7 log from rank 1"):
+        assert out.count(words) == 1, out
+    without = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+    without.assert_outcomes(failed=1, passed=2)
+
+    def headings(text: str) -> list[str]:
+        return re.findall(r"^-+ (Captured .+?) -+$", text, re.MULTILINE)
+
+    assert headings(out) == headings(without.stdout.str()), out
+    assert headings(out)[:4] == [
+        "Captured log rank 0 call",
+        "Captured log rank 1 call",
+        "Captured stdout rank 0 call",
+        "Captured stdout rank 1 call",
+    ], out
+    assert headings(out).count("Captured log call") == 1, out  # the plain test's, as it was

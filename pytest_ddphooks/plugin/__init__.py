@@ -14,7 +14,7 @@ import pytest
 from .. import session_dirs
 from ..recorder import distpatch
 from . import special
-from .coverage import CoverageHooks
+from .coverage import CoverageHooks, hand_over_after_hang, report_after_hang
 from .fixtures import faults, node_tmp_path, rank, recorder, restart_count, shared_tmp_path, world_size
 from .leaks import ALLOW_HELP, LeakHooks
 from .markers import MULTIRANK_HELP, SPECIAL_HELP, MarkerHooks
@@ -74,6 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TimeoutHooks(), "ddphooks-timeouts")
     spmd_hooks = SpmdHooks(ddp) if settings.spmd else None
     if spmd_hooks is not None:
+        spmd_hooks.hand_over_at_hang, spmd_hooks.report_at_hang = hand_over_after_hang, report_after_hang
         config.pluginmanager.register(spmd_hooks, SpmdHooks.NAME)
     else:
         config.pluginmanager.register(MultirankHooks(ddp), "ddphooks-multirank")

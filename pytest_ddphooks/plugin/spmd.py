@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 import unittest
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from datetime import timedelta
 from typing import Any, Literal, NoReturn
 
@@ -86,6 +86,12 @@ class SpmdHooks:
         self.group_ok = False
         self.current: str | None = None
         self.ack: str | None = None  # set once rank 0 reported a hung rank's test
+        self.hung: str | None = None  # the test whose hang ends the run
+        # what the end of the test loop would do for coverage, done as a hang ends the run
+        # instead (set by the coverage hooks, which import this module): hand this rank's
+        # measurement over (not rank 0); merge the handed-over ones of these ranks and report
+        self.hand_over_at_hang: Callable[[pytest.Session, SpmdHooks], None] | None = None
+        self.report_at_hang: Callable[[pytest.Session, SpmdHooks, list[int]], None] | None = None
         self._plain_failures: list[str] = []  # this rank's, in the plain test running now
         self._watchdog_owns = threading.Event()  # set as a watchdog takes the hung test over
         self.stopping: str | None = None  # why torchrun is stopping the run (it sent SIGTERM)
@@ -541,8 +547,10 @@ class SpmdHooks:
             self._missing(item, exc)
         except RankHung as exc:
             item.session.shouldfail = f"ddphooks: rank {exc.rank} hung in {item.nodeid}"
+            self.hung = item.nodeid
             if self.rank != 0:
                 # rank 0 reports it: leaving first would have torchrun stop rank 0 before it could
+                self._hand_over_coverage(item.session)
                 with contextlib.suppress(Exception):
                     self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=REPORT_GRACE + 10))
             self.ack = f"hang-ack/{item.nodeid}"
@@ -557,9 +565,11 @@ class SpmdHooks:
             timeline=Timeline.from_raw({r: marshal.loads(b) if b else [] for r, b in enumerate(raw)}),
         )
         report.first_failure = first_failure(report.results)
-        for r, rank_result in sorted(report.results.items()):
-            for when, key, text in rank_result.sections:
-                item.add_report_section(when, f"{key} rank {r}", text)
+        for logs in (True, False):  # as without torchrun: every rank's log, then every rank's output
+            for r, rank_result in sorted(report.results.items()):
+                for when, key, text in rank_result.sections:
+                    if (key == "log") == logs:
+                        item.add_report_section(when, f"{key} rank {r}", text)
         verdict = classify(report)
         if self.rank == 0:  # the one that reports: the page and the traces are its
             keep_artifacts(item, report, verdict, self.ddp.settings)
@@ -579,17 +589,21 @@ class SpmdHooks:
         """The body outlived its limit: tell what this rank is doing, then end the run (on
         rank 0, with the test reported failed and the session's reports written)."""
         self._watchdog_owns.set()
+        self.hung = item.nodeid
         post = self._hang_post(item, recorder, limit)
         key = f"hang/{item.nodeid}"
+        if self.rank != 0:  # before the post that tells rank 0 of the hang: it is there once rank 0 looks
+            self._hand_over_coverage(item.session)
         with contextlib.suppress(Exception):
             self._post_events(recorder)
         with contextlib.suppress(Exception):
             self.coord.store.set(f"{key}/{self.rank}", post.dumps())
         if self.rank != 0:
-            # rank 0 reports it as the test's failure; leaving earlier would have torchrun
-            # stop rank 0 before it could
+            # rank 0 reports it as the test's failure, and finishes the session's reports
+            # (coverage's too, the longest); leaving earlier would have torchrun stop rank 0
+            # before it could
             with contextlib.suppress(Exception):
-                self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=REPORT_GRACE + 10))
+                self.coord.store.wait([SESSION_DONE], timedelta(seconds=REPORT_GRACE + 10))
             if self.ddp.settings.verbose_ranks:
                 say(post.text)
             os._exit(int(pytest.ExitCode.TESTS_FAILED))  # the run reported a failed test
@@ -616,12 +630,18 @@ class SpmdHooks:
         with contextlib.suppress(Exception):
             lines += self._hang_timeline(item, limit)
         text = "\n".join(lines)
-        if not self._report_last(item, text, limit):
+        if not self._report_last(item, text, limit, [r for r in posts if r != 0]):
             say(text)
         with contextlib.suppress(Exception):
             self.coord.store.set(f"hang-ack/{item.nodeid}", b"1")
             self.coord.store.set(SESSION_DONE, b"1")  # the reports are written: the others may end
         os._exit(int(pytest.ExitCode.TESTS_FAILED))
+
+    def _hand_over_coverage(self, session: pytest.Session) -> None:
+        """This rank's coverage to rank 0 as a hang ends the run (with --cov)."""
+        if self.hand_over_at_hang is not None:
+            with contextlib.suppress(Exception):
+                self.hand_over_at_hang(session, self)
 
     def _hang_post(self, item: pytest.Item, recorder: Recorder, limit: float) -> HangPost:
         """Where this rank is stuck: its open calls and collectives, and its main thread's stack."""
@@ -659,9 +679,10 @@ class SpmdHooks:
         post.text = "\n".join(lines)
         return post
 
-    def _report_last(self, item: pytest.Item, text: str, limit: float) -> bool:
+    def _report_last(self, item: pytest.Item, text: str, limit: float, others: list[int]) -> bool:
         """Report the hung test as failed and finish the session's reports (terminal summary,
-        junit XML, the HTML page) from this thread, the main one being stuck; False when that
+        junit XML, the HTML page, coverage with the measurements of ``others``, the ranks that
+        said where they were) from this thread, the main one being stuck; False when that
         could not be done within REPORT_GRACE seconds."""
         done = threading.Event()
 
@@ -698,6 +719,11 @@ class SpmdHooks:
             session.shouldfail = f"ddphooks: {item.nodeid} hung; the run stops" + (
                 f" before the {left} test{'s' if left != 1 else ''} after it" if left else ""
             )
+            try:
+                if self.report_at_hang is not None:  # what the end of the test loop would have done
+                    self.report_at_hang(session, self, others)
+            except Exception as exc:  # the session's other reports are still written
+                say(f"ddphooks: no coverage report after the hang: {type(exc).__name__}: {exc}")
             self.config.hook.pytest_sessionfinish(session=session, exitstatus=pytest.ExitCode.TESTS_FAILED)
             done.set()
 
@@ -782,8 +808,13 @@ def _clipped(text: str, most: int = 20) -> str:
 
 
 def _captured_output(item: pytest.Item) -> list[tuple[str, str, str]]:
-    """What pytest captured of this rank's output during the body, taken from its capture
-    (pytest would report it unlabelled, as if it were the test's only output)."""
+    """What pytest captured of this rank's output and log records during the body, taken
+    from its capture (pytest would report them unlabelled, as if they were the test's only
+    output: rank 0's alone)."""
+    return _captured_streams(item) + _captured_log(item)
+
+
+def _captured_streams(item: pytest.Item) -> list[tuple[str, str, str]]:
     capman = item.config.pluginmanager.getplugin("capturemanager")
     if capman is None or not capman.is_globally_capturing():
         return []
@@ -792,6 +823,21 @@ def _captured_output(item: pytest.Item) -> list[tuple[str, str, str]]:
     except Exception:
         return []
     return [("call", key, text) for key, text in (("stdout", out), ("stderr", err)) if text]
+
+
+def _captured_log(item: pytest.Item) -> list[tuple[str, str, str]]:
+    """The records pytest's logging plugin holds for the report of the body's call, in its
+    words; the plugin is left none to add (logs are captured with -s too)."""
+    plugin = item.config.pluginmanager.get_plugin("logging-plugin")
+    handler = getattr(plugin, "report_handler", None)
+    if handler is None:
+        return []
+    try:
+        text = str(handler.stream.getvalue()).strip()
+        handler.reset()
+    except Exception:
+        return []
+    return [("call", "log", text)] if text else []
 
 
 class RunStopping(BaseException):

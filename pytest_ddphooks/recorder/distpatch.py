@@ -26,6 +26,7 @@ import functools
 import importlib.abc
 import importlib.machinery
 import inspect
+import re
 import sys
 import threading
 import types
@@ -775,13 +776,44 @@ def _patch_methods(c10d_c: types.ModuleType) -> None:
         future.then = _wrap_derived(original, _listed)  # type: ignore[union-attr]
 
 
+_PARAMETER = re.compile(r"[,(]\s*(\w+):")
+
+
+def overloads(fn: Any) -> list[tuple[str, ...]]:
+    """The parameter names (``self`` left out) of each overload of a pybind11 method, read
+    from the signatures its docstring starts its overloads with."""
+    name = getattr(fn, "__name__", "")
+    out = []
+    for line in (getattr(fn, "__doc__", None) or "").splitlines():
+        line = re.sub(r"^\d+\.\s*", "", line.strip())
+        if line.startswith(name + "("):
+            out.append(tuple(p for p in _PARAMETER.findall(line) if p != "self"))
+    return out
+
+
+def positional(args: tuple[Any, ...], kwargs: dict[str, Any], signatures: list[tuple[str, ...]]) -> tuple[Any, ...]:
+    """``args`` with ``kwargs`` put in their places by the first overload that has them all
+    after the positional ones (None where one is left out); an error when none has: a call
+    whose payload or root is not understood is recorded as one the recorder could not describe,
+    never read without them (an empty all-reduce passed by keyword would seem to synchronise)."""
+    if not kwargs:
+        return args
+    for names in signatures:
+        later = names[len(args) :]
+        if set(kwargs) <= set(later):
+            last = max(later.index(k) for k in kwargs)
+            return (*args, *(kwargs.get(n) for n in later[: last + 1]))
+    raise TypeError(f"keyword arguments {sorted(kwargs)} match no overload the recorder knows")
+
+
 def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[..., Any]) -> Callable[..., Any]:
     name = "dist." + op
     api = "ProcessGroup." + method
     blocking = op == "monitored_barrier"  # it returns when done; the others return a Work
+    signatures = overloads(original)
 
-    def build(rec: EventLog, pg: Any, args: tuple[Any, ...]) -> Call:
-        payload, root, reduce_op = describe(pg, args)
+    def build(rec: EventLog, pg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+        payload, root, reduce_op = describe(pg, positional(args, kwargs, signatures))
         return describe_collective(
             rec, op, pg, api=api, async_op=not blocking, payload=payload, root=root, reduce_op=reduce_op
         )
@@ -793,7 +825,7 @@ def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[.
         rec = active._current
         if rec is None or _tls.depth:
             return original(self, *args, **kwargs)
-        call = describe_safely(op, build, rec, self, args)
+        call = describe_safely(op, build, rec, self, args, kwargs)
         return run_recorded(rec, events.COLLECTIVE, name, call, original, (self, *args), kwargs)
 
     functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"))

@@ -749,16 +749,26 @@ def test_a_collective_on_an_empty_tensor_orders_nothing(pytester) -> None:
         pytester,
         """
 class Strategy:
-    def __init__(self, elements):
-        self.elements = elements
+    def __init__(self, elements, how):
+        self.elements, self.how = elements, how
 
     def barrier(self):
-        dist.all_reduce(torch.zeros(self.elements))
+        t = torch.zeros(self.elements)
+        pg = dist.group.WORLD
+        if self.how == "function":
+            dist.all_reduce(t)
+        elif self.how == "method":
+            pg.allreduce([t]).wait()
+        elif self.how == "method by keyword":  # the payload read from the keyword too
+            pg.allreduce(tensors=[t]).wait()
+        else:
+            pg.allgather(output_tensors=[[torch.zeros_like(t), torch.zeros_like(t)]], input_tensors=[t]).wait()
 
 @pytest.mark.multirank(world_size=2)
 @pytest.mark.parametrize("elements", [0, 1])
-def test_barrier_of(rank, recorder, elements):
-    strategy = Strategy(elements)
+@pytest.mark.parametrize("how", ["function", "method", "method by keyword", "all-gather by keyword"])
+def test_barrier_of(rank, recorder, elements, how):
+    strategy = Strategy(elements, how)
     recorder.instrument_barrier(strategy, "barrier")
     if rank == 0:
         recorder.mark("prepare_data")
@@ -776,4 +786,4 @@ def test_barrier_of(rank, recorder, elements):
     ] * 2
 """,
     )
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=8)

@@ -386,3 +386,20 @@ def test_a_warning_inside_a_recorded_call_points_at_the_caller(group: None) -> N
             funcol.all_gather_tensor(torch.ones(2), 0, dist.group.WORLD).wait()
     sites = {(Path(w.filename).name, w.lineno) for w in caught if "deprecated" in str(w.message)}
     assert sites == {(Path(__file__).name, line), (Path(__file__).name, line + 2)}
+
+
+def test_a_method_called_by_keyword_is_described_from_its_keywords(group: None) -> None:
+    from torch._C._distributed_c10d import ProcessGroup
+
+    signatures = distpatch.overloads(ProcessGroup.broadcast)
+    assert ("tensor", "root", "timeout") in signatures
+    assert distpatch.positional((), {"tensor": 1, "root": 0}, signatures) == (1, 0)
+    assert distpatch.positional(([1],), {}, signatures) == ([1],)
+    with pytest.raises(TypeError, match=r"keyword arguments \['nonsense'\] match no overload"):
+        distpatch.positional((), {"nonsense": 1}, signatures)
+    pg = dist.group.WORLD
+    with Recorder(0, 1) as rec:
+        pg.allreduce(tensors=[torch.empty(0)]).wait()
+        pg.broadcast(tensor=torch.ones(2), root=0).wait()
+    starts = [info for name, info in calls(rec) if name == "dist.all_reduce" or name == "dist.broadcast"]
+    assert starts[0]["payload"] == "float32[0]" and starts[1]["root"] == 0, starts

@@ -438,7 +438,7 @@ def run_recorded(
             if info.get("op") == "monitored_barrier" and "seq" in info:
                 rec.unnumber(("monitored", group), int(info["seq"]))
         rec.counted(group, call.counter, counter_after, call.p2p, ops, failed=True)
-        rec.end(call_id, kind, name, failed)
+        rec.end(call_id, kind, name, failed, started=info)
         raise
     _tls.depth = 0
     out: dict[str, Any] | None = None

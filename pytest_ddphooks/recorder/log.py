@@ -77,7 +77,9 @@ class EventLog:
         self._file = EventFile(event_file) if event_file is not None else None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._lanes: dict[int, int] = {}
+        self._lanes: dict[int, int] = {}  # thread id -> the lane of the thread that has it now
+        self._lane_threads: list[Any] = []  # lane -> its thread (None: a thread seen from outside)
+        self._local = threading.local()  # this thread's lane: a thread that ends takes it along
         self._issued: dict[int, int] = {}
         self._seq: dict[Any, int] = {}
         self._p2p: dict[tuple[Any, ...], int] = {}
@@ -110,18 +112,37 @@ class EventLog:
         # a schedule's holds (``add_trigger``)
         self.trigger: Callable[[str, str, str, int], None] | None = None
         main = threading.main_thread()
-        self._lane_of(main.ident or 0, main.name)
+        self._add_lane(main.ident or 0, main.name, main)
 
     # -- writing -----------------------------------------------------------------------------
 
-    def _lane_of(self, ident: int, name: str | None = None) -> int:
+    def _lane(self) -> int:
+        """The calling thread's lane. A thread of its own, even one given the id of a thread
+        that ended (the system reuses them): were they one lane, program order would join
+        two threads nothing orders."""
+        try:
+            return int(self._local.lane)
+        except AttributeError:
+            pass
+        ident, me = get_ident(), threading.current_thread()
         lane = self._lanes.get(ident)
-        if lane is None:
-            with self._lock:
-                lane = self._lanes.setdefault(ident, len(self._lanes))
-            if name is None:
-                name = threading.current_thread().name
-            self._write((0, time.time_ns(), lane, events.META, events.POINT, name, {"ident": ident}))
+        if lane is None or self._lane_threads[lane] is not me:
+            lane = self._add_lane(ident, me.name, me)
+        self._local.lane = lane
+        return lane
+
+    def _lane_of(self, ident: int, name: str) -> int:
+        """The lane of the thread that has ``ident`` now (seen from another thread: what native
+        code issued on it)."""
+        lane = self._lanes.get(ident)
+        return lane if lane is not None else self._add_lane(ident, name, None)
+
+    def _add_lane(self, ident: int, name: str, thread: Any) -> int:
+        with self._lock:
+            lane = len(self._lane_threads)
+            self._lane_threads.append(thread)
+            self._lanes[ident] = lane
+        self._write((0, time.time_ns(), lane, events.META, events.POINT, name, {"ident": ident}))
         return lane
 
     def _write(self, record: RawEvent) -> None:
@@ -133,7 +154,7 @@ class EventLog:
     def _write_file_only(self, kind: str, phase: str, name: str, info: dict[str, Any] | None) -> None:
         """A record for the watchdog alone: in the event file, never in the timeline."""
         if self._file is not None:
-            lane = self._lane_of(threading.get_ident())
+            lane = self._lane()
             with self._lock:
                 self._file.write((0, time.time_ns(), lane, kind, phase, name, info))
 
@@ -175,9 +196,10 @@ class EventLog:
         start or end of a call without info."""
         __tracebackhide__ = True
         # every recorded call passes here twice: kept to a few dictionary look-ups and one write
-        lane = self._lanes.get(get_ident())
-        if lane is None:
-            lane = self._lane_of(get_ident())
+        try:
+            lane = self._local.lane
+        except AttributeError:
+            lane = self._lane()
         if phase == START and kind in _SYNC_KINDS and (info is None or info.get("effective", True)):
             self._issued[lane] = self._issued.get(lane, 0) + 1
         record = (call_id, time_ns(), lane, kind, phase, name, info)
@@ -216,10 +238,14 @@ class EventLog:
         ended: dict[str, Any] = {"error": error_text(exc)}
         if kind in _SYNC_KINDS:
             ended["issued"] = False
-            lane = self._lanes.get(get_ident())
-            if lane is not None and (info is None or info.get("effective", True)):
-                self._issued[lane] = max(self._issued.get(lane, 0) - 1, 0)
+            self._unissued(info)
         self._emit(kind, END, name, ended, call_id, triggers=False)
+
+    def _unissued(self, info: dict[str, Any] | None) -> None:
+        """A collective counted as issued at its start never reached its group."""
+        if info is None or info.get("effective", True):
+            lane = self._lane()
+            self._issued[lane] = max(self._issued.get(lane, 0) - 1, 0)
 
     def end(
         self,
@@ -228,7 +254,12 @@ class EventLog:
         name: str,
         info: dict[str, Any] | None = None,
         static: dict[str, Any] | None = None,
+        started: dict[str, Any] | None = None,
     ) -> None:
+        """The end of a call (``started``: its start's info, for a collective that raised
+        before it reached its group: it was counted as issued)."""
+        if info is not None and info.get("issued") is False and kind in _SYNC_KINDS:
+            self._unissued(started)
         self._emit(kind, END, name, info, call_id, static)
 
     def mark(self, name: str, /, **info: Any) -> None:
@@ -237,7 +268,7 @@ class EventLog:
 
     def issued_on_this_thread(self) -> int:
         """How many collectives (on an existing group) this thread has started so far."""
-        return self._issued.get(self._lanes.get(threading.get_ident(), -1), 0)
+        return self._issued.get(self._lane(), 0)
 
     # -- pairing collectives across ranks ----------------------------------------------------
 

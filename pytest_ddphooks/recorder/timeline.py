@@ -536,8 +536,12 @@ class Timeline:
                     continue  # it had another thread synchronise for it, and waited for that
                 if not s.start.info.get("group_existed", True):
                     reason = "issued no collective: no process group existed"
+                elif self._raised_before_issued(s):
+                    reason = "issued no collective: the ones it called raised before they reached the group"
                 else:
                     reason = "issued no collective: the process group existed but no collective was called"
+            elif self._only_errored(s):
+                reason = "issued only collectives that raised, which synchronise nobody"
             elif self._only_unwaited(s):
                 reason = "issued only asynchronous collectives, and waited for none of them before it returned"
             elif self._only_empty(s):
@@ -559,17 +563,29 @@ class Timeline:
         ]
 
     def _completed_on_other_threads(self, barrier: Span) -> bool:
-        """Another thread of the rank entered a collective after the barrier began and completed
-        it before the barrier returned (``Thread(target=dist.barrier)``, started and joined)."""
+        """Another thread of the rank, one the barrier started (its first event comes after the
+        barrier began), entered a collective and completed it before the barrier returned
+        (``Thread(target=dist.barrier)``, started and joined). A thread that was there before
+        is not the barrier's: its collective completing meanwhile is chance, not a wait."""
         assert barrier.end is not None
         begun, returned = barrier.start.index, barrier.end.index
         calls = self._completed_calls.get(barrier.rank, [])
+        first = self._first_of_lane
         for entered, lane, done in calls[bisect_right(calls, (begun, 1 << 62, 0)) :]:
             if entered >= returned:
                 break
-            if lane != barrier.start.lane and done < returned:
+            if lane != barrier.start.lane and done < returned and first[(barrier.rank, lane)] > begun:
                 return True
         return False
+
+    @cached_property
+    def _first_of_lane(self) -> dict[tuple[int, int], int]:
+        """(rank, lane) -> the index of the lane's first event."""
+        out: dict[tuple[int, int], int] = {}
+        for e in self.events:
+            key = (e.rank, e.lane)
+            out[key] = min(out.get(key, e.index), e.index)
+        return out
 
     @cached_property
     def _completed_calls(self) -> dict[int, list[tuple[int, int, int]]]:
@@ -598,6 +614,24 @@ class Timeline:
     def _only_empty(self, barrier: Span) -> bool:
         inside = self._inside(barrier)
         return bool(inside) and all(inst.empty for inst in inside)
+
+    def _only_errored(self, barrier: Span) -> bool:
+        inside = self._inside(barrier)
+        return bool(inside) and all(inst.errored for inst in inside)
+
+    def _raised_before_issued(self, barrier: Span) -> bool:
+        """The barrier's rank called collectives in it that raised before they reached the group
+        (a bad root the barrier's own code then caught)."""
+        assert barrier.end is not None
+        return any(
+            s.rank == barrier.rank
+            and s.start.lane == barrier.start.lane
+            and barrier.start.index < s.start.index < barrier.end.index
+            and s.end is not None
+            and s.end.info.get("issued") is False
+            for s in self._spans
+            if s.kind in (events.COLLECTIVE, events.P2P)
+        )
 
     def never_waited(self) -> list[str]:
         """Asynchronous collectives and sends/receives whose completion no rank waited for."""

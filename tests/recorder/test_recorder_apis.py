@@ -741,6 +741,35 @@ def test_uneven_inputs(rank, recorder):
     result.stdout.no_fnmatch_line("*NeverWaitedWarning*")
 
 
+def test_a_barrier_whose_collective_raised_and_was_swallowed_is_a_noop(pytester) -> None:
+    result = run(
+        pytester,
+        """
+class Strategy:
+    def barrier(self, root):
+        try:
+            dist.broadcast(torch.zeros(1), src=root)
+        except (RuntimeError, ValueError):
+            pass  # a framework that logs and goes on
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("root", [0, 5])
+def test_swallowed(rank, recorder, root):
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "barrier")
+    strategy.barrier(root)
+    found = recorder.timeline().noop_barriers()
+    if root == 0:
+        assert found == []
+    else:
+        assert [nb.reason for nb in found] == [
+            "issued no collective: the ones it called raised before they reached the group"
+        ] * 2
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
 def test_a_collective_on_an_empty_tensor_orders_nothing(pytester) -> None:
     """gloo returns from an all-reduce of no element at once, without the other ranks: a
     framework barrier made of one is a no-op, and no order is proven through it. The same

@@ -182,6 +182,32 @@ def test_a_barrier_a_worker_thread_synchronised_for_is_no_noop(before: bool, aft
         sim.timeline().assert_no_noop_barriers()
 
 
+def test_a_thread_that_was_there_before_the_barrier_does_not_synchronise_for_it() -> None:
+    """A background thread (a logger's, a prefetcher's) whose collective happens to complete
+    while a barrier that calls none runs: chance, not the barrier's wait."""
+    sim = Sim(2)
+    for rank in range(2):
+        sim.mark(rank, "background started", lane=1)
+    for rank in range(2):
+        outer = sim.start(rank, "barrier", events.BARRIER, {"qualname": "Strategy.barrier"})
+        worker = sim.cstart(rank, "all_reduce", lane=1)
+        sim.cend(worker)
+        sim.end(outer, {"collectives": 0})
+    found = sim.timeline().noop_barriers()
+    assert [nb.rank for nb in found] == [0, 1]
+
+
+def test_a_barrier_whose_collectives_raised_is_a_noop() -> None:
+    sim = Sim(2)
+    for rank in range(2):
+        outer = sim.start(rank, "barrier", events.BARRIER, {"qualname": "Strategy.barrier"})
+        sim.cend(sim.cstart(rank, "all_reduce"), error="RuntimeError: Connection closed by peer")
+        sim.end(outer, {"collectives": 1})
+    assert [nb.reason for nb in sim.timeline().noop_barriers()] == [
+        "issued only collectives that raised, which synchronise nobody"
+    ] * 2
+
+
 def test_a_barrier_that_never_returned_is_not_called_a_noop() -> None:
     sim = Sim(2)
     sim.fw_barrier(0, collective=False)

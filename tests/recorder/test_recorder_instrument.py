@@ -326,6 +326,25 @@ def test_threads_get_their_own_lanes_and_names() -> None:
     assert tl.lanes[(0, 0)] == threading.main_thread().name
 
 
+def test_a_thread_given_the_id_of_one_that_ended_gets_a_lane_of_its_own() -> None:
+    """The system hands a new thread the id of one that ended: one lane for both would put
+    them in one program order, which nothing in the code gave them."""
+    rec = Recorder(0, 1)
+    idents = []
+
+    def mark(name: str) -> None:
+        idents.append(threading.get_ident())
+        rec.mark(name)
+
+    for name in ("a", "b"):
+        t = threading.Thread(target=mark, args=(name,))
+        t.start()
+        t.join()
+    rec.close()
+    lanes = {e.name: e.lane for e in rec.events}
+    assert lanes["a"] != lanes["b"] and 0 not in (lanes["a"], lanes["b"]), (lanes, idents)
+
+
 def test_marks_keep_their_details() -> None:
     rec = Recorder(0, 1)
     rec.mark("epoch", n=3, where=("a", 1), obj=object)

@@ -28,6 +28,16 @@ from dataclasses import dataclass
 from typing import Any
 
 ENV = "COVERAGE_PROCESS_CONFIG"
+CONTEXT_ENV = "DDPHOOKS_COV_CONTEXT"  # "test": measure each phase of a test in its own context
+
+
+def switch_to_test_context(nodeid: str, when: str) -> None:
+    """In a special test's interpreter under ``--cov-context=test``: what follows is measured
+    in the context pytest-cov gives that phase of the test (``nodeid|run`` for its call)."""
+    cov = measuring()
+    if cov is not None and os.environ.get(CONTEXT_ENV) == "test":
+        with contextlib.suppress(Exception):
+            cov.switch_context(f"{nodeid}|{'run' if when == 'call' else when}")
 
 
 def _coverage() -> Any | None:

@@ -282,3 +282,15 @@ def test_with_test_contexts_a_ranks_lines_belong_to_its_test(project) -> None:
     # line 4: `return "other"`, run on rank 1 only; line 3 on rank 0 only
     assert contexts["4"] == ["test_only_ranks.py::test_branches|run"], contexts
     assert contexts["3"] == ["test_only_ranks.py::test_branches|run"], contexts
+
+
+def test_with_test_contexts_a_special_tests_lines_belong_to_it(project) -> None:
+    # its interpreter measures itself: it switches to pytest-cov's context of each phase too
+    (project.path / ".coveragerc").write_text("[json]\nshow_contexts = True\n")
+    result = _with_cov(project, "--cov-context=test", "--cov-report=json", "test_cov.py", "-k", "own_interpreter")
+    result.assert_outcomes(passed=1, deselected=2)
+    import json
+
+    contexts = json.loads((project.path / "coverage.json").read_text())["files"]["mypkg/code.py"]["contexts"]
+    # line 9: `return "special"`
+    assert contexts["9"] == ["test_cov.py::test_in_its_own_interpreter|run"], contexts

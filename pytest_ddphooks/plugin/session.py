@@ -61,6 +61,9 @@ class DdpSession:
             if config is not None:
                 os.makedirs(self.coverage_folder(), exist_ok=True)
                 self._coverage[coverage_relay.ENV] = config
+                if self.config.getoption("cov_context", None) == "test":
+                    # pytest-cov's per-test contexts, kept by a special test's interpreter too
+                    self._coverage[coverage_relay.CONTEXT_ENV] = "test"
         return self._coverage
 
     def limit_of(self, run: MultirankRun) -> float:

@@ -32,7 +32,7 @@ import pytest
 from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
-from .. import dump_signals, warning_relay
+from .. import coverage_relay, dump_signals, warning_relay
 from ..launch import debugger
 from ..launch.output import descriptors_to
 from ..launch.rendezvous import DIST_ENV
@@ -500,6 +500,7 @@ class SpecialChildHooks:
         if item.nodeid != self.target:
             yield
             return
+        coverage_relay.switch_to_test_context(item.nodeid, when)
         with self._breakpoints(), self._descriptors(item, when):
             yield
 

@@ -232,7 +232,14 @@ def instances(by_rank: Mapping[int, Sequence[Event]], lane: Lanes | None = None)
                 elif e.kind == events.P2P and start.info.get("sync") == collectives.SEND and start.info.get("seq"):
                     sent = _pair(found, lane, start, start.info)
                     sent.ends[rank] = e  # an isend never waited is named, as an irecv is
-                elif e.kind == events.P2P and start.info.get("sync") == collectives.RECV and e.info.get("seq"):
+                    if e.info.get("unsure"):  # it overlapped another send on its channel: unpaired
+                        sent.starts.pop(rank, None)
+                elif (
+                    e.kind == events.P2P
+                    and start.info.get("sync") == collectives.RECV
+                    and e.info.get("seq")
+                    and not e.info.get("unsure")  # it overlapped another receive: unpaired
+                ):
                     inst = _pair(found, lane, start, e.info)
                     inst.ends[rank] = e
                     of_call[e.call_id] = inst

@@ -194,12 +194,14 @@ class Call:
     """One recorded collective or send/recv: its start event's info and its group; ``static``,
     when the info is that never-changing dict plus its ``seq`` (the event file writes it compact)."""
 
-    __slots__ = ("counter", "info", "numbered", "p2p", "pg", "static")
+    __slots__ = ("channel", "counter", "info", "numbered", "p2p", "pg", "static")
 
     def __init__(self, info: dict[str, Any], pg: Any = None, counter: int | None = None, p2p: bool = False) -> None:
         self.info, self.pg, self.counter, self.p2p = info, pg, counter, p2p
         self.static: dict[str, Any] | None = None
         self.numbered: tuple[str, ...] = ()
+        # a send's or receive's channel, and its token there (``EventLog.channel_opened``)
+        self.channel: tuple[tuple[Any, ...], list[bool]] | None = None
 
 
 def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: bool) -> tuple[Call, str | None]:
@@ -385,9 +387,25 @@ def _point_to_point(
     info["payload"] = describe_tensor(tensor)
     if sync == collectives.SEND:
         info.update(src=me, dst=peer, seq=rec.next_p2p((key, me, peer, tag)))
+        channel: tuple[Any, ...] = (key, collectives.SEND, me, peer, tag)
     else:
         info.update(src=peer, dst=me)
+        channel = (key, collectives.RECV, me, tag)  # from any source: one that names none overlaps them all
+    call.channel = (channel, rec.channel_opened(channel))
     return call
+
+
+_OVERLAPPED = (
+    "another thread of the rank had a send or receive in flight on the same channel meanwhile: which"
+    " message each got cannot be told, so it is paired with nothing"
+)
+
+
+def _channel_closed(rec: EventLog, call: Call) -> dict[str, Any]:
+    """What a send's or receive's end says of its channel: unpaired, if it overlapped another."""
+    if call.channel is not None and rec.channel_closed(*call.channel):
+        return {"unsure": _OVERLAPPED}
+    return {}
 
 
 def _received(rec: EventLog, call: Call, src: Any) -> dict[str, Any]:
@@ -419,6 +437,7 @@ def run_recorded(
         call_id = rec.begin(kind, name, info, call.static, call.numbered)
     except BaseException:  # a fault armed at this point raised: the call never ran
         rec.counted(group, None, None, call.p2p)
+        _channel_closed(rec, call)
         raise
     # a send or a receive advances the group's counter by one; a monitored barrier by its parts
     ops = 1 if call.p2p and info.get("op") != "monitored_barrier" else None
@@ -427,7 +446,7 @@ def run_recorded(
         result = fn(*args, **kwargs)
     except BaseException as exc:
         _tls.depth = 0
-        failed: dict[str, Any] = {"error": error_text(exc)}
+        failed: dict[str, Any] = {"error": error_text(exc), **_channel_closed(rec, call)}
         if info.get("async"):
             failed["async"] = True
         counter_after = _counter(call.pg) if call.pg is not None else None
@@ -458,6 +477,10 @@ def run_recorded(
             rec.counted(group, call.counter, _counter(pg), call.p2p, ops)
         if after is not None:
             out = after(rec, call, result)
+        if call.channel is not None:
+            unsure = _channel_closed(rec, call)
+            if unsure:
+                out = {**(out or {}), **unsure}
     except Exception as exc:  # the recorder must never be why a call fails
         out = {**(out or {}), "recorder_error": error_text(exc)}
     if "async" in info and not done:  # it completes at its wait, not at this return

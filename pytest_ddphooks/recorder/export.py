@@ -73,7 +73,8 @@ def _cell(e: Event, ended: Mapping[tuple[int, int], Mapping[str, Any]], noop: se
     if e.kind == events.P2P:
         peer = e.info.get("dst") if e.info.get("sync") == collectives.SEND else e.info.get("src")
         arrow = "->" if e.info.get("sync") == collectives.SEND else "<-"
-        return f"{tag}= {op} {arrow} {peer if peer is not None else 'any'}{stuck}"
+        unpaired = " (unpaired)" if ended.get((e.rank, e.call_id), {}).get("unsure") else ""
+        return f"{tag}= {op} {arrow} {peer if peer is not None else 'any'}{unpaired}{stuck}"
     if not e.info.get("effective", True):  # it reached no group: none existed, or the rank is not in it
         reached = "not a member" if e.info.get("member") is False else "no group"
         return f"{tag}= {op} ({reached}){stuck}"

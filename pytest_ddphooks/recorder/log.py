@@ -83,6 +83,7 @@ class EventLog:
         self._issued: dict[int, int] = {}
         self._seq: dict[Any, int] = {}
         self._p2p: dict[tuple[Any, ...], int] = {}
+        self._channels: dict[tuple[Any, ...], list[list[bool]]] = {}  # sends/receives in flight
         self._counters: dict[str, _GroupCounter] = {}
         self._groups: dict[str, Any] = {}  # group key -> its ProcessGroup, to read its counter at the end
         # group key -> the ProcessGroup it names; per name, its latest key and how many groups had it
@@ -606,6 +607,29 @@ class EventLog:
         n = self._p2p.get(key, 0) + 1
         self._p2p[key] = n
         return n
+
+    def channel_opened(self, channel: tuple[Any, ...]) -> list[bool]:
+        """A send or receive on ``channel`` begins: its token says, once it ends, whether
+        another one (another thread's) was in flight on the channel meanwhile. Messages match
+        in the order the calls were posted, inside torch; numbered as they began (a send) or
+        returned (a receive), overlapping calls may have taken each other's numbers."""
+        token = [False]
+        with self._lock:
+            others = self._channels.setdefault(channel, [])
+            if others:
+                token[0] = True
+                for other in others:
+                    other[0] = True
+            others.append(token)
+        return token
+
+    def channel_closed(self, channel: tuple[Any, ...], token: list[bool]) -> bool:
+        """The call ``token`` stands for ended: whether it overlapped another on its channel."""
+        with self._lock:
+            others = self._channels.get(channel, [])
+            if token in others:
+                others.remove(token)
+        return token[0]
 
 
 def _default_group_place() -> tuple[int, int] | None:

@@ -542,6 +542,8 @@ class Timeline:
                     reason = "issued no collective: the process group existed but no collective was called"
             elif self._only_errored(s):
                 reason = "issued only collectives that raised, which synchronise nobody"
+            elif self._only_alone(s):
+                reason = "issued only collectives on groups of this rank alone, which wait for nobody"
             elif self._only_unwaited(s):
                 reason = "issued only asynchronous collectives, and waited for none of them before it returned"
             elif self._only_empty(s):
@@ -614,6 +616,12 @@ class Timeline:
     def _only_empty(self, barrier: Span) -> bool:
         inside = self._inside(barrier)
         return bool(inside) and all(inst.empty for inst in inside)
+
+    def _only_alone(self, barrier: Span) -> bool:
+        """A rank among others synchronised only with itself (a world of one rank is alone by
+        design: its barriers are none the worse for it)."""
+        inside = self._inside(barrier)
+        return len(self.ranks) > 1 and bool(inside) and all(len(inst.members) == 1 for inst in inside)
 
     def _only_errored(self, barrier: Span) -> bool:
         inside = self._inside(barrier)

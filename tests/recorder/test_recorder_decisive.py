@@ -208,6 +208,26 @@ def test_a_barrier_whose_collectives_raised_is_a_noop() -> None:
     ] * 2
 
 
+def test_a_barrier_on_a_group_of_its_rank_alone_is_a_noop_but_not_in_a_world_of_one() -> None:
+    """The per-node group of a node with one rank: its barrier waits for nobody."""
+    for world in (2, 1):
+        sim = Sim(world)
+        for rank in range(world):
+            outer = sim.start(rank, "barrier", events.BARRIER, {"qualname": "Strategy.barrier"})
+            if world > 1:
+                sim.coll("barrier", [rank], group=f"node{rank}", payload=None)
+            else:
+                sim.coll("barrier")
+            sim.end(outer, {"collectives": 1})
+        found = sim.timeline().noop_barriers()
+        if world == 1:
+            assert found == []
+        else:
+            assert [nb.reason for nb in found] == [
+                "issued only collectives on groups of this rank alone, which wait for nobody"
+            ] * 2
+
+
 def test_a_barrier_that_never_returned_is_not_called_a_noop() -> None:
     sim = Sim(2)
     sim.fw_barrier(0, collective=False)

@@ -21,6 +21,12 @@ from pytest_ddphooks import TimelineAssertionError
 def seqs(tl, rank, name):
     return [e.info.get("seq") for e in tl.for_rank(rank) if e.name == name and e.phase == "start"]
 
+def inside(thread, function):  # whether the thread is inside a call of that function now
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None and frame.f_code.co_name != function:
+        frame = frame.f_back
+    return frame is not None
+
 def refused(tl, a, b):
     with pytest.raises(TimelineAssertionError, match=f"'{a}' does not happen before '{b}'") as failed:
         tl.assert_happens_before(a, b)
@@ -67,12 +73,6 @@ def test_a_collective_issued_while_another_thread_is_inside_a_receive_pairs_with
     result = run(
         pytester,
         """
-def inside(thread, function):
-    frame = sys._current_frames().get(thread.ident)
-    while frame is not None and frame.f_code.co_name != function:
-        frame = frame.f_back
-    return frame is not None
-
 @pytest.mark.multirank(world_size=2)
 def test_thread(rank, recorder):
     x, t = torch.ones(1), torch.zeros(2)
@@ -439,3 +439,52 @@ def test_rotated_stall(rank, shared_tmp_path, before):
                 "*rank 1: blocked in recv (peer 0) for*",
             ]
         )
+
+
+def test_receives_two_threads_have_in_flight_from_one_peer_pair_with_nothing(pytester) -> None:
+    """gloo gives messages to receives in the order they were posted, inside torch; the
+    recorder numbers a receive as it returns. A blocking recv on one thread and an irecv on
+    another, in flight together, may take each other's numbers: paired so, rank 1's recv of
+    the first message would seem to wait for the second send (after 'a'), and prove an order
+    that did not hold. Overlapping, both pair with nothing; one after the other, they pair."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("overlapping", [True, False])
+def test_receivers(rank, recorder, overlapping, shared_tmp_path):
+    go = shared_tmp_path / "posted"
+    if rank == 0:
+        while not go.exists():  # both receives are in flight on rank 1
+            time.sleep(0.005)
+        dist.send(torch.ones(1), 1)
+        recorder.mark("a")
+        dist.send(torch.full((1,), 2.0), 1)
+    else:
+        first, second = torch.zeros(1), torch.zeros(1)
+        if overlapping:
+            receiver = threading.Thread(target=dist.recv, args=(first,), kwargs={"src": 0})
+            receiver.start()
+            while not inside(receiver, "recv"):
+                time.sleep(0.005)
+            work = dist.irecv(second, src=0)
+            go.touch()
+            receiver.join()
+            work.wait()
+        else:
+            go.touch()
+            dist.recv(first, src=0)
+            dist.recv(second, src=0)
+        recorder.mark("b")
+    tl = recorder.timeline()
+    ends = [e for e in tl.for_rank(1) if e.kind == "p2p" and e.phase == "end"]
+    if overlapping:
+        assert [bool(e.info.get("unsure")) for e in ends] == [True, True]
+        refused(tl, "a@0", "b@1")
+        assert "(unpaired)" in tl.swimlanes()
+    else:
+        assert not any(e.info.get("unsure") for e in ends)
+        tl.assert_happens_before("a@0", "b@1")  # the second recv waited for the send after 'a'
+""",
+    )
+    result.assert_outcomes(passed=2)

@@ -55,6 +55,15 @@ class Instance:
         return len(seen) <= 1
 
     @property
+    def one_group(self) -> bool:
+        """Every rank that entered it is a member, and all name the same members: ranks that
+        re-formed as separate worlds (each its own ``init_process_group``) give their groups
+        the same name and numbers, yet share no collective."""
+        if not set(self.starts) <= set(self.members):
+            return False
+        return len({(repr(e.info.get("ranks")), e.info.get("group_size")) for e in self.starts.values()}) <= 1
+
+    @property
     def errored(self) -> bool:
         """Some member's call (or wait) raised: the collective as a whole establishes nothing."""
         return any("error" in e.info for e in (*self.ends.values(), *self.waits.values()))
@@ -110,7 +119,7 @@ class Instance:
             if send is None or recv_done is None or self.errored:
                 return []
             return [(recv_done, [send])]
-        if not self.complete or not self.consistent or self.errored or self.empty:
+        if not self.complete or not self.one_group or not self.consistent or self.errored or self.empty:
             return []
         out: list[tuple[Event, list[Event]]] = []
         if self.sync == collectives.ALL:

@@ -488,3 +488,35 @@ def test_receivers(rank, recorder, overlapping, shared_tmp_path):
 """,
     )
     result.assert_outcomes(passed=2)
+
+
+def test_ranks_that_re_form_as_separate_worlds_share_no_collective(pytester) -> None:
+    """After destroy_process_group, each rank starts a world of its own: both name their group
+    'default' (incarnation 2) and number its first all-reduce #1, yet neither waits for the
+    other. Re-formed as one world again, they pair (silent)."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("separate", [True, False])
+def test_reformed(rank, recorder, shared_tmp_path, separate):
+    dist.destroy_process_group()
+    if separate:
+        store = f"file://{shared_tmp_path}/alone{rank}"
+        dist.init_process_group("gloo", init_method=store, world_size=1, rank=0)
+    else:
+        dist.init_process_group("gloo", init_method=f"file://{shared_tmp_path}/again", world_size=2, rank=rank)
+    if rank == 0:
+        recorder.mark("a")
+    dist.all_reduce(torch.ones(1))
+    if rank == 1:
+        recorder.mark("b")
+    tl = recorder.timeline()
+    if separate:
+        refused(tl, "a@0", "b@1")
+    else:
+        tl.assert_happens_before("a@0", "b@1")
+    dist.destroy_process_group()
+""",
+    )
+    result.assert_outcomes(passed=2)

@@ -1129,6 +1129,14 @@ def _patch_functional(funcol: types.ModuleType) -> None:
         original = getattr(funcol, function, None)
         if original is not None and not hasattr(original, _MARK):
             setattr(funcol, function, _wrap_functional(function, op, original, funcol))
+    for function, wrap in (
+        ("isend_inplace", _wrap_functional_p2p),
+        ("irecv_inplace", _wrap_functional_p2p),
+        ("batch_p2p_ops_inplace", _wrap_functional_batch),
+    ):
+        original = getattr(funcol, function, None)
+        if original is not None and not hasattr(original, _MARK):
+            setattr(funcol, function, wrap(function, original, funcol))
     original = getattr(funcol, "wait_tensor", None)
     if original is not None and not hasattr(original, _MARK):
         # typeshed's ModuleType declares no attribute to assign
@@ -1161,6 +1169,19 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
             reduce_op=bound.get("reduceOp"),
         )
 
+    return _recording(op, events.COLLECTIVE, name, build, original)
+
+
+def _recording(
+    op: str,
+    kind: str,
+    name: str,
+    build: Callable[[EventLog, tuple[Any, ...], dict[str, Any]], Call],
+    original: Callable[..., Any],
+    after: Callable[[EventLog, Call, Any], dict[str, Any] | None] | None = None,
+) -> Callable[..., Any]:
+    """``original`` recorded as ``name``, described by ``build(rec, args, kwargs)``."""
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         if _compiling():
@@ -1169,7 +1190,80 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
         if rec is None or _tls.depth:
             return original(*args, **kwargs)
         call = describe_safely(op, build, rec, args, kwargs)
-        return run_recorded(rec, events.COLLECTIVE, name, call, original, args, kwargs)
+        return run_recorded(rec, kind, name, call, original, args, kwargs, after)
+
+    functools.update_wrapper(wrapper, original)
+    setattr(wrapper, _MARK, original)
+    return wrapper
+
+
+def _functional_group(funcol: Any, group: Any) -> Any:
+    """The ProcessGroup a functional call names (None: the default group)."""
+    if group is None or group == "":
+        return None
+    resolve = sys.modules["torch._C._distributed_c10d"]._resolve_process_group
+    pg = resolve(funcol._resolve_group_name(group, ""))
+    return None if pg is _default_group() else pg
+
+
+def _wrap_functional_p2p(function: str, original: Callable[..., Any], funcol: Any) -> Callable[..., Any]:
+    """``isend_inplace`` / ``irecv_inplace``: a send or receive like ``dist.isend``'s, which
+    completes where its result is first used (unseen, it would move the group's count on two
+    ranks alone and shift the pairing of every later collective on it)."""
+    op = "isend" if function.startswith("isend") else "irecv"
+    sync = collectives.SEND if op == "isend" else collectives.RECV
+    peer_arg = "dst" if op == "isend" else "src"
+    params = tuple(inspect.signature(original).parameters)
+
+    def build(rec: EventLog, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+        bound = dict(zip(params, args, strict=False))
+        bound.update(kwargs)
+        group = _functional_group(funcol, bound.get("group"))
+        group_peer = bound.get("group_" + peer_arg, -1)
+        given = bound.get(peer_arg) if group_peer in (None, -1) else None
+        peer = _global(group, given, None if group_peer in (None, -1) else group_peer)
+        tag = int(bound.get("tag") or 0)
+        api = "functional." + function
+        return _point_to_point(rec, op, group, sync, peer, tag, bound.get("tensor"), api=api, async_op=True)
+
+    return _recording(op, events.P2P, "dist." + op, build, original, _after_p2p_method)
+
+
+def _wrap_functional_batch(function: str, original: Callable[..., Any], funcol: Any) -> Callable[..., Any]:
+    """``batch_p2p_ops_inplace``: its sends and receives are not recorded (they order
+    nothing), but counted as they move the group's count and each channel's: the pairing of
+    every later collective and message stays where it is."""
+    params = tuple(inspect.signature(original).parameters)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        rec = active._current
+        if _compiling() or rec is None or _tls.depth:
+            return original(*args, **kwargs)
+        try:
+            bound = dict(zip(params, args, strict=False))
+            bound.update(kwargs)
+            world = _default_group()
+            group = _functional_group(funcol, bound.get("group_name"))
+            pg = world if group is None else group
+            _, key, _, _ = _known_group(rec, pg, world)
+            me = int(_dist().get_rank())
+            ops = list(bound.get("op_list") or [])
+            peers = [_global(group, None, int(p)) for p in bound.get("peer_list") or []]
+            tags = [int(t) for t in bound.get("tag_list") or [0] * len(ops)]
+        except Exception:
+            return original(*args, **kwargs)  # not understood: the gap it leaves is said as such
+        rec.opened(key)
+        before = _counter(pg)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            rec.counted(key, before, _counter(pg), True, failed=True)
+            raise
+        rec.counted(key, before, _counter(pg), True, len(ops))
+        for op, peer, tag in zip(ops, peers, tags, strict=False):
+            rec.next_p2p((key, me, peer, tag) if "send" in op else (key, peer, me, tag))
+        return result
 
     functools.update_wrapper(wrapper, original)
     setattr(wrapper, _MARK, original)

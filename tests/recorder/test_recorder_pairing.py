@@ -520,3 +520,42 @@ def test_reformed(rank, recorder, shared_tmp_path, separate):
 """,
     )
     result.assert_outcomes(passed=2)
+
+
+def test_functional_sends_and_receives_are_counted_so_later_collectives_pair_as_they_ran(pytester) -> None:
+    """funcol.isend_inplace / irecv_inplace and batch_p2p_ops_inplace move the group's count on
+    the two ranks they join alone: unseen, rank 1's first all-reduce paired with rank 0's second
+    and proved a@0 -> b@1 although b ran first. Recorded (or counted, for a batch), each
+    all-reduce pairs with its own, and a send after them pairs with its own message."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("how", ["inplace", "batch"])
+def test_shift(rank, recorder, how):
+    t = torch.ones(4)
+    if how == "inplace":
+        if rank == 1:
+            funcol.wait_tensor(funcol.isend_inplace(t, dst=0))
+        else:
+            dist.recv(t, src=1)
+    else:
+        peer = 1 - rank
+        funcol.batch_p2p_ops_inplace(["isend", "irecv"], [peer, peer], [0, 0], [torch.ones(4), t], "")
+    dist.all_reduce(torch.ones(4))
+    recorder.mark("a" if rank == 0 else "b")
+    dist.all_reduce(torch.ones(4))
+    recorder.mark("after")
+    if rank == 1:
+        dist.send(torch.ones(1), 0)
+    else:
+        dist.recv(torch.zeros(1), src=1)
+        recorder.mark("got")
+    tl = recorder.timeline()
+    assert seqs(tl, 0, "dist.all_reduce") == seqs(tl, 1, "dist.all_reduce") == [1, 2]
+    refused(tl, "a@0", "b@1")
+    tl.assert_happens_before("b@1", "after@0")
+    tl.assert_happens_before("b@1", "got@0")
+""",
+    )
+    result.assert_outcomes(passed=2)

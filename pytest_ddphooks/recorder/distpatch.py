@@ -1149,11 +1149,9 @@ def _wrap_functional(function: str, op: str, original: Callable[..., Any], funco
     params = tuple(inspect.signature(original).parameters)
 
     def build(rec: EventLog, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
-        bound = dict(zip(params, args, strict=False))
-        bound.update(kwargs)
-        resolve = sys.modules["torch._C._distributed_c10d"]._resolve_process_group
-        pg = resolve(funcol._resolve_group_name(bound.get("group"), bound.get("tag", "")))
-        group = None if pg is _default_group() else pg
+        bound = _bind(params, args, kwargs)
+        group = _functional_group(funcol, bound.get("group"), bound.get("tag", ""))
+        pg = _default_group() if group is None else group
         root = bound.get("src")
         payload = bound.get("self", bound.get("inputs"))
         if op == "reduce_scatter_tensor" and hasattr(payload, "shape"):
@@ -1197,12 +1195,17 @@ def _recording(
     return wrapper
 
 
-def _functional_group(funcol: Any, group: Any) -> Any:
+def _bind(params: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A Python function's arguments by parameter name (those left out are not there)."""
+    bound = dict(zip(params, args, strict=False))
+    bound.update(kwargs)
+    return bound
+
+
+def _functional_group(funcol: Any, group: Any, tag: str = "") -> Any:
     """The ProcessGroup a functional call names (None: the default group)."""
-    if group is None or group == "":
-        return None
     resolve = sys.modules["torch._C._distributed_c10d"]._resolve_process_group
-    pg = resolve(funcol._resolve_group_name(group, ""))
+    pg = resolve(funcol._resolve_group_name(group, tag))
     return None if pg is _default_group() else pg
 
 
@@ -1216,9 +1219,9 @@ def _wrap_functional_p2p(function: str, original: Callable[..., Any], funcol: An
     params = tuple(inspect.signature(original).parameters)
 
     def build(rec: EventLog, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
-        bound = dict(zip(params, args, strict=False))
-        bound.update(kwargs)
-        group = _functional_group(funcol, bound.get("group"))
+        bound = _bind(params, args, kwargs)
+        named = bound.get("group")
+        group = None if named is None else _functional_group(funcol, named)  # None: torch's WORLD
         group_peer = bound.get("group_" + peer_arg, -1)
         given = bound.get(peer_arg) if group_peer in (None, -1) else None
         peer = _global(group, given, None if group_peer in (None, -1) else group_peer)
@@ -1241,10 +1244,10 @@ def _wrap_functional_batch(function: str, original: Callable[..., Any], funcol: 
         if _compiling() or rec is None or _tls.depth:
             return original(*args, **kwargs)
         try:
-            bound = dict(zip(params, args, strict=False))
-            bound.update(kwargs)
+            bound = _bind(params, args, kwargs)
             world = _default_group()
-            group = _functional_group(funcol, bound.get("group_name"))
+            named = bound.get("group_name")
+            group = None if named in (None, "") else _functional_group(funcol, named)  # torch's default
             pg = world if group is None else group
             _, key, _, _ = _known_group(rec, pg, world)
             me = int(_dist().get_rank())

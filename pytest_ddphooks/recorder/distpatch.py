@@ -625,23 +625,14 @@ def _wrap_function(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     # a collective's return tells nothing more (its Work is kept by run_recorded)
     after = None if kind == events.COLLECTIVE else functools.partial(_after_function_call, op)
 
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True
-        if _compiling():
-            return original(*args, **kwargs)
-        rec = active._current
-        if rec is None or _tls.depth:
-            return original(*args, **kwargs)
+    def build(rec: EventLog, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         bound = dict(defaults)
         bound.update(zip(params, args, strict=False))
         if kwargs:
             bound.update(kwargs)
-        call = describe_safely(op, _describe_function_call, rec, op, bound)
-        return run_recorded(rec, kind, name, call, original, args, kwargs, after)
+        return _describe_function_call(rec, op, bound)
 
-    setattr(wrapper, _MARK, original)
-    return wrapper
+    return _recording(op, kind, name, build, original, after)
 
 
 # -- the methods of ProcessGroup, and Work.wait ----------------------------------------------

@@ -14,12 +14,13 @@ import copy
 import functools
 import inspect
 import sys
+import threading
 import types
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
 from . import events, warnsite
-from .log import EventLog, error_text
+from .log import EventLog, counting, error_text
 
 _INSTRUMENTED = "__ddphooks_instrumented__"  # on a wrapper: (log id, kind, event name)
 _WRAPPED = "__ddphooks_wrapped__"  # on a wrapper: (the attribute as stored, its function, what it calls)
@@ -66,104 +67,190 @@ def _function_of(target: Any, name: str) -> tuple[Any, Callable[..., Any]]:
     raise TypeError(f"cannot instrument {owner.__qualname__}.{name}: it is not a method")
 
 
-def _recording_call(log: EventLog, kind: str, event_name: str, qualname: str) -> _Call:
-    """Calls the function between a start and an end event."""
+class _Span:
+    """The events of one instrumented function's calls. A barrier's also say whether a group
+    existed and which other threads were already running, and count the collectives its own
+    code issued (its thread or the tasks it started; not the code its caller runs in a ``with``
+    block or between a generator's steps)."""
 
-    static = {"qualname": qualname}  # the same for every call: the event file writes it compact
+    def __init__(self, log: EventLog, kind: str, event_name: str, qualname: str) -> None:
+        self.log, self.kind, self.name = log, kind, event_name
+        self.static = {"qualname": qualname}  # the same for every call: the event file writes it compact
 
+    def begin(self) -> tuple[int, list[int] | None]:
+        if self.kind != events.BARRIER:
+            return self.log.begin(self.kind, self.name, self.static, self.static), None
+        info = {**self.static, "group_existed": group_exists(), "running": _other_threads()}
+        return self.log.begin(self.kind, self.name, info), [0]
+
+    def end(self, call_id: int, counter: list[int] | None, exc: BaseException | None) -> None:
+        info: dict[str, Any] | None = None
+        if isinstance(exc, GeneratorExit):
+            info = {"closed": True}  # a generator left before its end
+        elif exc is not None:
+            info = {"error": error_text(exc)}
+        if counter is not None:
+            info = {**(info or {}), "collectives": counter[0]}
+        self.log.end(call_id, self.kind, self.name, info)
+
+
+def _other_threads() -> list[int]:
+    """The threads running beside this one: a collective of theirs is not a barrier's own."""
+    me = threading.get_ident()
+    return sorted(t.ident for t in threading.enumerate() if t.ident is not None and t.ident != me)
+
+
+def _plain_call(span: _Span) -> _Call:
     def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
-        call_id = log.begin(kind, event_name, static, static)
+        call_id, counter = span.begin()
         try:
-            result = fn(*args, **kwargs)
+            with counting(counter):
+                result = fn(*args, **kwargs)
         except BaseException as exc:
-            log.end(call_id, kind, event_name, {"error": error_text(exc)})
+            span.end(call_id, counter, exc)
             raise
-        log.end(call_id, kind, event_name, None)
+        span.end(call_id, counter, None)
         return result
 
     return call
 
 
-def _recording_acall(log: EventLog, kind: str, event_name: str, qualname: str) -> _Call:
-    """The same for a coroutine function: the events span the awaited call."""
-
-    static = {"qualname": qualname}
+def _awaited_call(span: _Span) -> _Call:
+    """A coroutine function: the events span the awaited call, not the coroutine's creation."""
 
     async def acall(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
-        call_id = log.begin(kind, event_name, static, static)
+        call_id, counter = span.begin()
         try:
-            result = await fn(*args, **kwargs)
+            with counting(counter):
+                result = await fn(*args, **kwargs)
         except BaseException as exc:
-            log.end(call_id, kind, event_name, {"error": error_text(exc)})
+            span.end(call_id, counter, exc)
             raise
-        log.end(call_id, kind, event_name, None)
+        span.end(call_id, counter, None)
         return result
 
     return acall
 
 
-def _recording_gencall(log: EventLog, kind: str, event_name: str, qualname: str, is_async: bool) -> _Call:
-    """The same for a generator function: calling it runs none of its body, so the events
-    span the body, from its first step to its end (exhausted, closed, or raised)."""
-    static = {"qualname": qualname}
+class _CountedSteps:
+    """A generator whose own steps count their collectives (``yield from`` drives it)."""
 
-    def ended(call_id: int, exc: BaseException | None) -> None:
-        if exc is None:
-            log.end(call_id, kind, event_name, None)
-        elif isinstance(exc, GeneratorExit):
-            log.end(call_id, kind, event_name, {"closed": True})  # left before its end
-        else:
-            log.end(call_id, kind, event_name, {"error": error_text(exc)})
+    def __init__(self, inner: Generator[Any, Any, Any], counter: list[int]) -> None:
+        self.inner, self.counter = inner, counter
 
-    def steps(inner: Any) -> Any:
-        call_id = log.begin(kind, event_name, static, static)
-        try:
-            result = yield from inner
-        except BaseException as exc:
-            ended(call_id, exc)
-            raise
-        ended(call_id, None)
-        return result
+    def __iter__(self) -> _CountedSteps:
+        return self
 
-    async def async_steps(inner: Any) -> Any:
-        call_id = log.begin(kind, event_name, static, static)
-        try:
-            async for item in inner:
-                yield item
-        except BaseException as exc:
-            ended(call_id, exc)
-            raise
-        ended(call_id, None)
+    def __next__(self) -> Any:
+        with counting(self.counter):
+            return next(self.inner)
 
+    def send(self, value: Any) -> Any:
+        with counting(self.counter):
+            return self.inner.send(value)
+
+    def throw(self, *exc: Any) -> Any:
+        with counting(self.counter):
+            return self.inner.throw(*exc)
+
+    def close(self) -> None:
+        with counting(self.counter):
+            self.inner.close()
+
+
+def _steps(span: _Span, inner: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
+    """A generator's body runs as it is iterated, not when it is called: the events span it
+    from its first step to its end (exhausted, closed, or raised)."""
+    call_id, counter = span.begin()
+    try:
+        result = yield from (inner if counter is None else _CountedSteps(inner, counter))
+    except BaseException as exc:
+        span.end(call_id, counter, exc)
+        raise
+    span.end(call_id, counter, None)
+    return result
+
+
+async def _async_steps(span: _Span, inner: AsyncGenerator[Any, Any]) -> AsyncGenerator[Any, Any]:
+    """The same for an asynchronous generator; what its consumer sends or throws in reaches it."""
+    call_id, counter = span.begin()
+    sent: Any = None
+    thrown: BaseException | None = None
+    try:
+        while True:
+            try:
+                with counting(counter):
+                    item = await (inner.asend(sent) if thrown is None else inner.athrow(thrown))
+            except StopAsyncIteration:
+                break
+            thrown = None
+            try:
+                sent = yield item
+            except GeneratorExit:
+                with counting(counter):
+                    await inner.aclose()
+                raise
+            except BaseException as exc:  # thrown in by its consumer: the generator may handle it
+                thrown = exc
+    except BaseException as exc:
+        span.end(call_id, counter, exc)
+        raise
+    span.end(call_id, counter, None)
+
+
+def _generator_call(span: _Span, is_async: bool) -> _Call:
     def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
         inner = fn(*args, **kwargs)
-        return async_steps(inner) if is_async else steps(inner)
+        return _async_steps(span, inner) if is_async else _steps(span, inner)
 
     return call
 
 
-def _barrier_call(log: EventLog, event_name: str, qualname: str) -> _Call:
-    """A framework barrier: its events say whether a group existed and how many collectives
-    the thread issued inside it."""
-    kind = events.BARRIER
+def _context_call(span: _Span) -> _Call:
+    """A ``@contextmanager`` function: the events span the ``with`` statement, from entering to
+    leaving it (its generator's steps); calling the function runs none of its body."""
+    plain = _plain_call(span)
 
     def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
-        call_id = log.begin(kind, event_name, {"qualname": qualname, "group_existed": group_exists()})
-        before = log.issued_on_this_thread()
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            issued = log.issued_on_this_thread() - before
-            log.end(call_id, kind, event_name, {"collectives": issued, "error": error_text(exc)})
-            raise
-        log.end(call_id, kind, event_name, {"collectives": log.issued_on_this_thread() - before})
-        return result
+        manager = fn(*args, **kwargs)
+        inner = getattr(manager, "gen", None)
+        if inspect.isgenerator(inner):
+            manager.gen = _steps(span, inner)
+        elif inspect.isasyncgen(inner):
+            manager.gen = _async_steps(span, inner)
+        else:  # not contextlib's manager after all: the call itself is what can be recorded
+            return plain(lambda: manager, (), {})
+        return manager
 
     return call
+
+
+@contextlib.contextmanager
+def _sync_probe() -> Iterator[None]:
+    yield
+
+
+@contextlib.asynccontextmanager
+async def _async_probe() -> AsyncIterator[None]:
+    yield
+
+
+# the function contextlib puts in place of a @contextmanager generator function
+_CONTEXT_FACTORIES = {_sync_probe.__code__, _async_probe.__code__}  # type: ignore[attr-defined]
+
+
+def _call_of(span: _Span, func: Any) -> _Call:
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        return _generator_call(span, inspect.isasyncgenfunction(func))
+    if getattr(func, "__code__", None) in _CONTEXT_FACTORIES:
+        return _context_call(span)
+    if inspect.iscoroutinefunction(func):
+        return _awaited_call(span)
+    return _plain_call(span)
 
 
 def _forwarder(func: Any, fn: Callable[..., Any], call: _Call, is_async: bool) -> Callable[..., Any]:
@@ -258,17 +345,8 @@ def wrap(log: EventLog, target: Any, name: str, kind: str, event_name: str) -> U
             if not isinstance(target, type) and name not in getattr(target, "__dict__", {}):
                 fn = raw.__get__(target, owner)  # the class's wrapper: bind what it wrapped
     qualname = getattr(func, "__qualname__", f"{owner.__qualname__}.{name}")
-    is_async = kind != events.BARRIER and inspect.iscoroutinefunction(func)
-    generator = inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
-    if generator:
-        # its body runs as it is iterated, not when it is called (a barrier too)
-        call = _recording_gencall(log, kind, event_name, qualname, inspect.isasyncgenfunction(func))
-    elif kind == events.BARRIER:
-        call = _barrier_call(log, event_name, qualname)
-    elif is_async:
-        call = _recording_acall(log, kind, event_name, qualname)
-    else:
-        call = _recording_call(log, kind, event_name, qualname)
+    is_async = inspect.iscoroutinefunction(func)
+    call = _call_of(_Span(log, kind, event_name, qualname), func)
     if isinstance(target, type):
         # a classmethod's wrapper gets the class as its first argument, like the function
         wrapper = _forwarder(func, func, call, is_async)

@@ -4,6 +4,8 @@ receives, asynchronous work waiting for its wait)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import os
 import sys
@@ -26,6 +28,32 @@ _TRACKED_GAP = 4096  # of a longer run of calls the recorder did not see, the la
 # futures of asynchronous calls kept for a wait from Python: most are waited for natively (DDP's
 # reducer, once a step per bucket), and each holds its value; a wait from Python comes soon
 _HANDED_KEPT = 64
+
+
+# the collective counts of the framework barriers open here: per context, so that a barrier
+# counts what its own code issues (its thread, the tasks and ``to_thread`` calls it starts),
+# not what another task interleaved on the same thread issues
+_counting: contextvars.ContextVar[tuple[list[int], ...]] = contextvars.ContextVar("ddphooks_counting", default=())
+_NOT_COUNTING = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _counted(counter: list[int]) -> Any:
+    token = _counting.set((*_counting.get(), counter))
+    try:
+        yield
+    finally:
+        _counting.reset(token)
+
+
+def counting(counter: list[int] | None) -> contextlib.AbstractContextManager[Any]:
+    """Count into ``counter[0]`` each collective issued in this context meanwhile (None: nothing)."""
+    return _NOT_COUNTING if counter is None else _counted(counter)
+
+
+def _count_issued(step: int) -> None:
+    for counter in _counting.get():
+        counter[0] = max(counter[0] + step, 0)
 
 
 def group_counter(pg: Any) -> int | None:
@@ -80,7 +108,6 @@ class EventLog:
         self._lanes: dict[int, int] = {}  # thread id -> the lane of the thread that has it now
         self._lane_threads: list[Any] = []  # lane -> its thread (None: a thread seen from outside)
         self._local = threading.local()  # this thread's lane: a thread that ends takes it along
-        self._issued: dict[int, int] = {}
         self._seq: dict[Any, int] = {}
         self._p2p: dict[tuple[Any, ...], int] = {}
         self._channels: dict[tuple[Any, ...], list[list[bool]]] = {}  # sends/receives in flight
@@ -202,7 +229,9 @@ class EventLog:
         except AttributeError:
             lane = self._lane()
         if phase == START and kind in _SYNC_KINDS and (info is None or info.get("effective", True)):
-            self._issued[lane] = self._issued.get(lane, 0) + 1
+            counters = _counting.get()
+            if counters:
+                _count_issued(1)
         record = (call_id, time_ns(), lane, kind, phase, name, info)
         self._raw.append(record)
         file = self._file
@@ -245,8 +274,7 @@ class EventLog:
     def _unissued(self, info: dict[str, Any] | None) -> None:
         """A collective counted as issued at its start never reached its group."""
         if info is None or info.get("effective", True):
-            lane = self._lane()
-            self._issued[lane] = max(self._issued.get(lane, 0) - 1, 0)
+            _count_issued(-1)
 
     def end(
         self,
@@ -266,10 +294,6 @@ class EventLog:
     def mark(self, name: str, /, **info: Any) -> None:
         """Record a point event ``name`` with optional details."""
         self._emit(events.MARK, events.POINT, str(name), _plain(info) if info else None, next(self._ids))
-
-    def issued_on_this_thread(self) -> int:
-        """How many collectives (on an existing group) this thread has started so far."""
-        return self._issued.get(self._lane(), 0)
 
     # -- pairing collectives across ranks ----------------------------------------------------
 

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import DdpHooksWarning
 from . import collectives, events, export
 from .clocks import Clocks, Instance, Lanes, instances, op_of
-from .events import Event, RawEvent, to_events
+from .events import Event, RawEvent, to_events_and_threads
 
 
 class TimelineAssertionError(AssertionError):
@@ -118,20 +118,26 @@ class Timeline:
     """Every rank's events, with happens-before established through synchronisation."""
 
     def __init__(
-        self, by_rank: Mapping[int, Sequence[Event]], lanes: Mapping[tuple[int, int], str] | None = None
+        self,
+        by_rank: Mapping[int, Sequence[Event]],
+        lanes: Mapping[tuple[int, int], str] | None = None,
+        idents: Mapping[tuple[int, int], int] | None = None,
     ) -> None:
         self._by_rank = {rank: list(by_rank[rank]) for rank in sorted(by_rank)}
         self.lanes: dict[tuple[int, int], str] = dict(lanes or {})
+        self._idents = dict(idents or {})  # (rank, lane) -> its thread's ident
 
     @classmethod
     def from_raw(cls, raw_by_rank: Mapping[int, Iterable[RawEvent]]) -> Timeline:
         by_rank: dict[int, list[Event]] = {}
         lanes: dict[tuple[int, int], str] = {}
+        idents: dict[tuple[int, int], int] = {}
         for rank, raw in raw_by_rank.items():
-            evs, names = to_events(rank, list(raw))
+            evs, names, threads = to_events_and_threads(rank, list(raw))
             by_rank[rank] = evs
             lanes.update({(rank, lane): name for lane, name in names.items()})
-        return cls(by_rank, lanes)
+            idents.update({(rank, lane): ident for lane, ident in threads.items()})
+        return cls(by_rank, lanes, idents)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -565,18 +571,22 @@ class Timeline:
         ]
 
     def _completed_on_other_threads(self, barrier: Span) -> bool:
-        """Another thread of the rank, one the barrier started (its first event comes after the
-        barrier began), entered a collective and completed it before the barrier returned
-        (``Thread(target=dist.barrier)``, started and joined). A thread that was there before
-        is not the barrier's: its collective completing meanwhile is chance, not a wait."""
+        """Another thread of the rank, one the barrier started, entered a collective and
+        completed it before the barrier returned (``Thread(target=dist.barrier)``, started and
+        joined). A thread that was running before the barrier began (its ident among those the
+        barrier's start saw, or an event of it earlier) is not the barrier's: its collective
+        completing meanwhile is chance, not a wait."""
         assert barrier.end is not None
         begun, returned = barrier.start.index, barrier.end.index
+        running = set(barrier.start.info.get("running", ()))
         calls = self._completed_calls.get(barrier.rank, [])
         first = self._first_of_lane
         for entered, lane, done in calls[bisect_right(calls, (begun, 1 << 62, 0)) :]:
             if entered >= returned:
                 break
-            if lane != barrier.start.lane and done < returned and first[(barrier.rank, lane)] > begun:
+            if lane == barrier.start.lane or done >= returned or first[(barrier.rank, lane)] < begun:
+                continue
+            if self._idents.get((barrier.rank, lane)) not in running:
                 return True
         return False
 

@@ -1,0 +1,266 @@
+"""A framework barrier is recorded over what it really runs, whatever its shape: a coroutine
+over its awaited body, a generator over its steps, a ``@contextmanager`` over the ``with``
+statement; and only its own code's collectives count (not its caller's ``with`` block, not a
+task or thread that was there before it)."""
+
+from __future__ import annotations
+
+import pytest
+
+PRELUDE = """
+import asyncio
+import contextlib
+import threading
+import time
+import pytest
+import torch
+import torch.distributed as dist
+from pytest_ddphooks import TimelineAssertionError
+
+def wait_for(path):
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+NOOP = "issued no collective: the process group existed but no collective was called"
+"""
+
+
+def run(pytester: pytest.Pytester, body: str) -> pytest.RunResult:
+    pytester.makepyfile(test_shapes=PRELUDE + body)
+    return pytester.runpytest("-p", "no:cacheprovider")
+
+
+def test_a_coroutine_barrier_spans_its_awaited_body(pytester) -> None:
+    """Recorded at the coroutine's creation, rank 0's barrier 'ended' before rank 1's b although
+    it returned only after b (it waited for a file rank 1 wrote after b): a false proof."""
+    result = run(
+        pytester,
+        """
+class Strategy:
+    def __init__(self, flag=None):
+        self.flag = flag
+
+    async def barrier(self):
+        if self.flag is not None:
+            await asyncio.to_thread(wait_for, self.flag)  # no collective: ends after rank 1's b
+        else:
+            dist.barrier()
+
+@pytest.mark.multirank(world_size=2)
+def test_inverted_order_refused(rank, recorder, shared_tmp_path):
+    flag = shared_tmp_path / "b-done"
+    recorder.instrument_barrier(Strategy, "barrier")
+
+    async def main():
+        if rank == 0:
+            pending = asyncio.ensure_future(Strategy(flag).barrier())  # its body runs at the await
+            dist.all_reduce(torch.ones(1))
+            await pending
+        else:
+            dist.all_reduce(torch.ones(1))
+            recorder.mark("b")
+            flag.write_text("done")
+
+    asyncio.run(main())
+    tl = recorder.timeline()
+    with pytest.raises(TimelineAssertionError):
+        tl.assert_happens_before("barrier@0", "b@1")
+    assert [(nb.rank, nb.reason) for nb in tl.noop_barriers()] == [(0, NOOP)]
+
+@pytest.mark.multirank(world_size=2)
+def test_awaiting_a_real_barrier_is_no_noop(rank, recorder):
+    recorder.instrument_barrier(Strategy, "barrier")
+    if rank == 0:
+        recorder.mark("prepare")
+    asyncio.run(Strategy().barrier())
+    recorder.mark("setup")
+    tl = recorder.timeline()
+    assert tl.noop_barriers() == []
+    tl.assert_happens_before("prepare@0", "setup@1")
+
+@pytest.mark.multirank(world_size=2)
+def test_another_tasks_collective_is_not_the_barriers(rank, recorder):
+    class Idle:
+        def __init__(self):
+            self.begun, self.done = asyncio.Event(), asyncio.Event()
+
+        async def barrier(self):
+            self.begun.set()
+            await self.done.wait()  # synchronises nothing itself: the other task's all-reduce runs meanwhile
+
+    recorder.instrument_barrier(Idle, "barrier")
+
+    async def other(idle):
+        await idle.begun.wait()
+        dist.all_reduce(torch.ones(1))
+        idle.done.set()
+
+    async def main():
+        idle = Idle()
+        started = asyncio.ensure_future(other(idle))
+        await idle.barrier()
+        await started
+
+    asyncio.run(main())
+    assert [nb.reason for nb in recorder.timeline().noop_barriers()] == [NOOP] * 2
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
+def test_a_generator_barrier_counts_its_own_steps(pytester) -> None:
+    result = run(
+        pytester,
+        """
+class Strategy:
+    def idle(self):
+        yield  # synchronises nothing
+
+    def real(self):
+        dist.barrier()
+        yield
+
+@pytest.mark.multirank(world_size=2)
+def test_idle_generator_is_a_noop(rank, recorder):
+    recorder.instrument_barrier(Strategy, "idle")
+    for _ in Strategy().idle():
+        dist.all_reduce(torch.ones(1))  # its consumer's, not the barrier's
+    assert [nb.reason for nb in recorder.timeline().noop_barriers()] == [NOOP] * 2
+
+@pytest.mark.multirank(world_size=2)
+def test_real_generator_is_no_noop(rank, recorder):
+    recorder.instrument_barrier(Strategy, "real")
+    for _ in Strategy().real():
+        pass
+    assert recorder.timeline().noop_barriers() == []
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
+def test_a_contextmanager_barrier_spans_the_with_statement(pytester) -> None:
+    """Fabric's rank_zero_first and Accelerate's main_process_first are of this shape: the
+    barrier runs on entering on some ranks and on leaving on others."""
+    result = run(
+        pytester,
+        """
+class Strategy:
+    @contextlib.contextmanager
+    def rank_zero_first(self):
+        if dist.get_rank() > 0:
+            dist.barrier()
+        yield
+        if dist.get_rank() == 0:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def guarded(self):
+        if dist.get_rank() > 0:
+            dist.barrier()
+        try:
+            yield
+        finally:
+            if dist.get_rank() == 0:
+                dist.barrier()
+
+    @contextlib.contextmanager
+    def idle(self):
+        yield
+
+    @contextlib.asynccontextmanager
+    async def async_first(self):
+        if dist.get_rank() > 0:
+            dist.barrier()
+        yield
+        if dist.get_rank() == 0:
+            dist.barrier()
+
+@pytest.mark.multirank(world_size=2)
+def test_rank_zero_first_orders_and_is_no_noop(rank, recorder):
+    recorder.instrument_barrier(Strategy, "rank_zero_first")
+    with Strategy().rank_zero_first():
+        recorder.mark("download")
+    tl = recorder.timeline()
+    assert tl.noop_barriers() == []
+    tl.assert_happens_before("download@0", "download@1")
+    with pytest.raises(TimelineAssertionError):
+        tl.assert_happens_before("download@1", "download@0")
+
+@pytest.mark.multirank(world_size=2)
+def test_async_rank_zero_first_is_no_noop(rank, recorder):
+    recorder.instrument_barrier(Strategy, "async_first")
+
+    async def main():
+        async with Strategy().async_first():
+            recorder.mark("download")
+
+    asyncio.run(main())
+    tl = recorder.timeline()
+    assert tl.noop_barriers() == []
+    tl.assert_happens_before("download@0", "download@1")
+
+@pytest.mark.multirank(world_size=2)
+def test_idle_manager_is_a_noop_whatever_its_block_does(rank, recorder):
+    recorder.instrument_barrier(Strategy, "idle")
+    with Strategy().idle():
+        dist.all_reduce(torch.ones(1))
+    assert [nb.reason for nb in recorder.timeline().noop_barriers()] == [NOOP] * 2
+
+@pytest.mark.multirank(world_size=2)
+def test_an_error_in_the_block_reaches_the_manager(rank, recorder):
+    recorder.instrument_barrier(Strategy, "guarded")
+    with pytest.raises(KeyError):
+        with Strategy().guarded():
+            raise KeyError("inside")
+    tl = recorder.timeline()
+    (end,) = [e for e in tl.for_rank(rank) if e.name == "guarded" and e.phase == "end"]
+    assert end.info["error"].startswith("KeyError")
+    assert tl.noop_barriers() == []
+""",
+    )
+    result.assert_outcomes(passed=4)
+
+
+def test_a_thread_running_before_the_barrier_does_not_synchronise_for_it(pytester) -> None:
+    """Its first recorded event may fall inside the barrier: it is still not the barrier's."""
+    result = run(
+        pytester,
+        """
+class Strategy:
+    def idle(self, begun, until):
+        begun.set()
+        until.wait(30)  # synchronises nothing itself: the heartbeat's all-reduce runs meanwhile
+
+    def through_a_thread(self):
+        worker = threading.Thread(target=dist.barrier)
+        worker.start()
+        worker.join()
+
+@pytest.mark.multirank(world_size=2)
+def test_heartbeat_does_not_hide_a_noop(rank, recorder):
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "idle")
+    begun, beat = threading.Event(), threading.Event()
+
+    def heartbeat():  # its first recorded event comes after the barrier began
+        begun.wait(30)
+        dist.all_reduce(torch.ones(1))
+        beat.set()
+
+    thread = threading.Thread(target=heartbeat)
+    thread.start()
+    strategy.idle(begun, beat)
+    thread.join()
+    assert [nb.reason for nb in recorder.timeline().noop_barriers()] == [NOOP] * 2
+
+@pytest.mark.multirank(world_size=2)
+def test_a_thread_the_barrier_starts_synchronises_for_it(rank, recorder):
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "through_a_thread")
+    strategy.through_a_thread()
+    assert recorder.timeline().noop_barriers() == []
+""",
+    )
+    result.assert_outcomes(passed=2)

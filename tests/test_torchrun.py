@@ -690,3 +690,56 @@ def test_under_torchrun_each_ranks_log_is_in_its_own_section(pytester: pytest.Py
         "Captured stdout rank 1 call",
     ], out
     assert headings(out).count("Captured log call") == 1, out  # the plain test's, as it was
+
+
+def test_a_send_of_an_earlier_test_shifts_no_pairing_in_a_later_one(pytester: pytest.Pytester) -> None:
+    """Under torchrun the group outlives each test: a send between two ranks moved their count
+    of its calls and not the third's. Numbered from the count alone, the later test's first
+    barrier on ranks 0 and 1 paired with the third rank's second, proving an order that did
+    not hold; earlier collectives alone leave later orders proven."""
+    pytester.makepyfile(
+        test_shift="""
+        import time
+        import pytest
+        import torch
+        import torch.distributed as dist
+        from pytest_ddphooks import TimelineAssertionError
+
+        @pytest.mark.multirank(world_size=3)
+        def test_1_collectives(rank):
+            dist.all_reduce(torch.ones(2))
+
+        @pytest.mark.multirank(world_size=3)
+        def test_2_true_order_proven(rank, recorder):
+            if rank == 0:
+                recorder.mark("prepare")
+            dist.barrier()
+            recorder.mark("setup")
+            recorder.timeline().assert_happens_before("prepare@0", "setup")
+
+        @pytest.mark.multirank(world_size=3)
+        def test_3_send(rank):
+            t = torch.zeros(2)
+            if rank == 0:
+                dist.send(t, 1)
+            elif rank == 1:
+                dist.recv(t, 0)
+
+        @pytest.mark.multirank(world_size=3)
+        def test_4_inversion_refused(rank, recorder, shared_tmp_path):
+            dist.barrier()
+            if rank == 0:
+                recorder.mark("b")
+                (shared_tmp_path / "b").write_text("done")
+            if rank == 2:
+                while not (shared_tmp_path / "b").exists():  # the test's time limit ends a wait that never does
+                    time.sleep(0.01)
+                recorder.mark("a")  # after b
+            dist.barrier()
+            with pytest.raises(TimelineAssertionError):
+                recorder.timeline().assert_happens_before("a@2", "b@0")
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "-q", nproc=3)
+    assert code == 0, out
+    assert "4 passed" in out

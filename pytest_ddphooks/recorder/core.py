@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import marshal
 import threading
+import time
 import types
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -14,6 +15,10 @@ from .instrument import Undo, public_functions, public_methods, wrap
 from .log import EventLog
 from .native import NativeCalls
 from .timeline import Timeline
+
+# how long after a gap was found its flight-recorder entries may still be coming (torch writes one
+# a moment after it counted the call; measured here up to some milliseconds on a busy machine)
+_ENTRY_GRACE_S = 0.25
 
 T = TypeVar("T")
 Exchange = Callable[[bytes], list[bytes]]
@@ -148,9 +153,22 @@ class Recorder(EventLog):
         """Add what native code issued since the last look (DDP's reducer, compiled graphs),
         from torch's flight recorder."""
         with self._native_lock:  # the ask thread and the body may both read
-            if self.native_may_have_issued():
+            if not self.native_may_have_issued():
+                return
+            judged = self.gaps_found()  # found before the dump: their calls are in it, if collectives
+            self.add_native(self._native.read(self))
+            self.native_read()
+            unexplained = [gap for gap in judged if gap[1]]
+            if unexplained:
+                # torch counts a call on a group before it writes the call's flight-recorder entry
+                # (from the issuing thread, a moment later): look again once the youngest gap is
+                # old enough for its entries to be there, if collectives
+                wait = _ENTRY_GRACE_S - (time.monotonic() - max(gap[3] for gap in unexplained))
+                if wait > 0:
+                    time.sleep(wait)
                 self.add_native(self._native.read(self))
                 self.native_read()
+            self.judge_gaps(judged, self._native.reliable_from, self._native.held_any)
 
     def timeline(self) -> Timeline:
         """The merged Timeline of every rank (a collective in a multirank test)."""

@@ -304,6 +304,7 @@ def describe_collective(
     if op == "monitored_barrier":
         # made of sends and receives (rank 0 with every other): its own count pairs it
         call.p2p = True
+        rec.p2p_began(key, call.counter)
         seq, unseen = rec.next_seq(("monitored", key)), 0
     else:
         seq, unseen, unsure = rec.collective_seq(key, call.counter)
@@ -381,6 +382,7 @@ def _point_to_point(
     if key is None:
         return call
     call.p2p = True
+    rec.p2p_began(key, call.counter)
     info = call.info
     me = int(_dist().get_rank())
     info["sync"], info["tag"] = sync, tag
@@ -1249,6 +1251,7 @@ def _wrap_functional_batch(function: str, original: Callable[..., Any], funcol: 
             return original(*args, **kwargs)  # not understood: the gap it leaves is said as such
         rec.opened(key)
         before = _counter(pg)
+        rec.p2p_began(key, before)
         try:
             result = original(*args, **kwargs)
         except BaseException:

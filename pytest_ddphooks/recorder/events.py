@@ -26,6 +26,9 @@ P2P = "p2p"  # send / recv
 GROUP = "group"  # init_process_group, destroy_process_group, new_group
 WAIT = "wait"  # the wait for an asynchronous collective or send/recv: where it completes
 META = "meta"  # bookkeeping (thread names); never shown as an event
+# found after the fact: the rank's later calls on a group cannot be numbered for sure; they
+# become unsure calls (paired with nothing), and the record itself is no event
+UNSURE = "unsure"
 EXCHANGE = "exchange"  # the rank is inside ``timeline()``: for the watchdog only, never shown
 COUNTERS = "counters"  # a finished rank's last collective per group: for the watchdog only
 ARMED = "armed"  # a fault armed on this rank (``faults``)
@@ -271,11 +274,19 @@ def in_time_order(records: list[RawEvent]) -> list[RawEvent]:
     """Records in the order they happened: the calls native code issued, which are found after
     the fact (``native`` in their info) and appended then, go before the first record that was
     written after they were issued."""
-    ids = {r[0] for r in records if r[3] == COLLECTIVE and r[4] == START and r[6] and r[6].get("native")}
+    ids = {
+        r[0]
+        for r in records
+        if (r[3] == COLLECTIVE and r[4] == START and r[6] and r[6].get("native")) or r[3] == UNSURE
+    }
     if not ids:
         return records
-    late = sorted((r for r in records if r[0] in ids and r[3] == COLLECTIVE), key=lambda r: (r[1], r[4] != START))
-    others = [r for r in records if not (r[0] in ids and r[3] == COLLECTIVE)]
+
+    def found_late(r: RawEvent) -> bool:
+        return r[0] in ids and r[3] in (COLLECTIVE, UNSURE)
+
+    late = sorted((r for r in records if found_late(r)), key=lambda r: (r[1], r[4] != START))
+    others = [r for r in records if not found_late(r)]
     times = [r[1] for r in others]
     out: list[RawEvent] = []
     done = 0
@@ -301,13 +312,35 @@ def to_events_and_threads(
     events: list[Event] = []
     lanes: dict[int, str] = {}
     idents: dict[int, int] = {}
+    lost: dict[str, str] = {}  # group -> why the rank's calls on it from here are unsure
+    unsure_calls: dict[int, str] = {}  # call id -> why
     for call_id, t_ns, lane, kind, phase, name, info in in_time_order(list(records)):
         if kind == META:
             lanes[lane] = name
             if info and "ident" in info:
                 idents[lane] = int(info["ident"])
             continue
+        if kind == UNSURE:
+            if info:
+                lost.setdefault(str(info.get("group")), str(info.get("unsure")))
+            continue
         if kind in WATCH_ONLY:
             continue
+        if lost and kind in (COLLECTIVE, P2P):
+            info = _made_unsure(info, phase, call_id, lost, unsure_calls)
         events.append(Event(rank, len(events), lane, kind, phase, name, t_ns, call_id, info or {}))
     return events, lanes, idents
+
+
+def _made_unsure(
+    info: dict[str, Any] | None, phase: str, call_id: int, lost: dict[str, str], unsure_calls: dict[int, str]
+) -> dict[str, Any] | None:
+    """A call on a group whose numbering the rank lost before it began: no number, and why."""
+    if phase == START and info and str(info.get("group")) in lost:
+        unsure_calls[call_id] = lost[str(info["group"])]
+    why = unsure_calls.get(call_id)
+    if why is None:
+        return info
+    kept = {k: v for k, v in (info or {}).items() if k not in ("seq", "unseen")}
+    kept.setdefault("unsure", why)
+    return kept

@@ -24,6 +24,19 @@ time_ns = time.time_ns
 _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
 # an asynchronous call waiting for its completion: (its Work, call id, name, start info, static info)
 Pending = tuple[Any, int, str, dict[str, Any], Any]
+# a gap: its group, its op_ids no flight-recorder entry was read for yet, when the last recorded
+# call before it ended (time_ns) and when it was found (monotonic)
+Gap = tuple[str, set[int], int, float]
+_NUMBERING_LOST = (
+    "a call on the group that neither the recorder nor torch's flight recorder saw (a send or receive issued"
+    " through torch.ops.c10d, say) moved this rank's count of the group's calls, so its later calls there have"
+    " no place in the group's sequence anyone can be sure of"
+)
+_NUMBERING_UNKNOWN = (
+    "a call on the group the recorder did not see moved this rank's count of the group's calls, and torch's"
+    " flight recorder, which would tell whether it was a collective, held nothing (switched off:"
+    " TORCH_FR_BUFFER_SIZE=0?), so its later calls there have no place in the group's sequence anyone can be sure of"
+)
 _TRACKED_GAP = 4096  # of a longer run of calls the recorder did not see, the last ones are looked for
 # futures of asynchronous calls kept for a wait from Python: most are waited for natively (DDP's
 # reducer, once a step per bucket), and each holds its value; a wait from Python comes soon
@@ -51,6 +64,12 @@ def counting(counter: list[int] | None) -> contextlib.AbstractContextManager[Any
     return _NOT_COUNTING if counter is None else _counted(counter)
 
 
+def _issues(info: dict[str, Any] | None) -> bool:
+    """Whether a call starting with ``info`` issues a collective now: one on no group does not,
+    nor one a coalescing manager only queues (it issues them as one at its exit)."""
+    return info is None or (info.get("effective", True) and not info.get("queued"))
+
+
 def _count_issued(step: int) -> None:
     for counter in _counting.get():
         counter[0] = max(counter[0] + step, 0)
@@ -69,11 +88,12 @@ class _GroupCounter:
     """What this rank has seen of one group's own sequence counter (every collective and
     send/recv on the group advances it, whichever API issued it)."""
 
-    __slots__ = ("calls", "expected", "in_flight", "offset", "open", "overlapped", "untrusted")
+    __slots__ = ("anchor_ns", "calls", "expected", "in_flight", "offset", "open", "overlapped", "untrusted")
 
     def __init__(self) -> None:
         self.offset = 0  # how far this rank's own sends and receives advanced it
         self.expected: int | None = None  # its value after the last recorded call
+        self.anchor_ns = 0  # when ``expected`` was last set: where a gap after it begins
         self.in_flight: int | None = None  # its value when a recorded call that has not returned began
         self.calls = 0  # recorded calls, for a group whose counter cannot be read
         self.open = 0  # recorded calls on the group running now (on any thread)
@@ -125,7 +145,8 @@ class EventLog:
         self._gaps: dict[str, list[tuple[int, int]]] = {}  # group -> counter values of calls it did not see
         # what the flight recorder must still be read for: per gap, the op_ids of it no entry was
         # read for yet; per group, the op_id up to which every entry was read, and those read above
-        self._gaps_unread: list[tuple[str, set[int]]] = []
+        self._gaps_unread: list[Gap] = []
+        self._numbering_lost: set[str] = set()  # groups whose numbering this rank lost (``judge_gaps``)
         self._native_upto: dict[str, int] = {}
         self._native_above: dict[str, set[int]] = {}
         self._incarnation_starts: list[int] = []  # when each incarnation after the first began (time_ns)
@@ -228,7 +249,7 @@ class EventLog:
             lane = self._local.lane
         except AttributeError:
             lane = self._lane()
-        if phase == START and kind in _SYNC_KINDS and (info is None or info.get("effective", True)):
+        if phase == START and kind in _SYNC_KINDS and _issues(info):
             counters = _counting.get()
             if counters:
                 _count_issued(1)
@@ -273,7 +294,7 @@ class EventLog:
 
     def _unissued(self, info: dict[str, Any] | None) -> None:
         """A collective counted as issued at its start never reached its group."""
-        if info is None or info.get("effective", True):
+        if _issues(info):
             _count_issued(-1)
 
     def end(
@@ -354,7 +375,8 @@ class EventLog:
 
         The number is the group's own counter (``counter``, read before the call) less what
         this rank's own sends and receives added to it: every member agrees on it, however
-        the collectives were issued, so calls the recorder could not see never shift it. A
+        the collectives were issued, so collectives the recorder could not see never shift it
+        (an unseen send or receive does: the flight recorder's silence on it tells, ``judge_gaps``). A
         call another thread is running on the group may or may not have counted yet: a
         collective that starts meanwhile has no number anyone can be sure of."""
         state = self._counter_of(group)
@@ -364,18 +386,65 @@ class EventLog:
             unsure = "it was issued while another thread of the rank was inside a call on the group"
         if counter is None:
             return state.calls, 0, unsure
-        unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
-        if state.open > 1:
-            # other threads' recorded calls running on the group may have counted already: which
-            # numbers, if any, went unseen cannot be told (a gap here made one of them a phantom)
-            unseen = 0
-        if unseen:
-            assert state.expected is not None
-            self._gaps.setdefault(group, []).append((state.expected + 1, counter))
-            # the flight recorder keeps the last 2,000 entries: the tail of a long gap is what it can hold
-            self._gaps_unread.append((group, set(range(max(state.expected, counter - _TRACKED_GAP) + 1, counter + 1))))
+        unseen = self._gap_before(group, state, counter)
         state.in_flight = counter
         return counter - state.offset + 1, unseen, unsure
+
+    def _gap_before(self, group: str, state: _GroupCounter, counter: int) -> int:
+        """How many calls on ``group`` went unseen before a recorded one found its counter at
+        ``counter``; they are noted as a gap, for the flight recorder to explain."""
+        if state.expected is None:
+            # a group this log first sees now, created before it (under torchrun, by an earlier test):
+            # what ran on it since it began at 0 is a gap, so that a send or receive among it is found
+            state.expected, state.anchor_ns = 0, self.born_ns
+        unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
+        if not unseen or state.open > 1:
+            # other threads' recorded calls running on the group may have counted already: which
+            # numbers, if any, went unseen cannot be told (a gap here made one of them a phantom)
+            return 0
+        assert state.expected is not None
+        self._gaps.setdefault(group, []).append((state.expected + 1, counter))
+        # the flight recorder keeps the last 2,000 entries: the tail of a long gap is what it can hold
+        read = self._native_upto.get(group, 0)  # what an earlier read already found there is explained
+        tracked = set(range(max(state.expected, read, counter - _TRACKED_GAP) + 1, counter + 1))
+        tracked -= self._native_above.get(group, set())
+        if tracked:
+            self._gaps_unread.append((group, tracked, state.anchor_ns, time.monotonic()))
+        return unseen
+
+    def p2p_began(self, group: str, counter: int | None) -> None:
+        """A recorded send, receive or monitored barrier found the group's counter at
+        ``counter``: a call unseen before it is a gap, as before a collective."""
+        if counter is not None:
+            self._gap_before(group, self._counter_of(group), counter)
+
+    def gaps_found(self) -> list[Gap]:
+        """The gaps no read has explained yet (their calls were issued already)."""
+        return list(self._gaps_unread)
+
+    def judge_gaps(self, judged: list[Gap], reliable_from: dict[str, int] | None, held_any: bool = True) -> None:
+        """After a read of the flight recorder, which holds every collective issued (the last
+        2,000; ``reliable_from``: per group, the lowest op_id it still held, when it had let
+        older ones go, else None): a call of a gap it did not hold was no collective. A send
+        or receive issued where the recorder cannot see it (``torch.ops.c10d.send``), it moved
+        the group's counter on this rank alone: the rank's later calls on the group cannot be
+        numbered for sure, and pair with nothing. A flight recorder that held nothing at all
+        (``held_any``; switched off) tells nothing: every gap is such a call, as far as anyone knows."""
+        for group, missing, anchor_ns, _ in judged:
+            if not missing or group in self._numbering_lost:
+                continue
+            floor = 0 if reliable_from is None else reliable_from.get(group)
+            if floor is None:
+                continue  # the flight recorder holds nothing of the group any more: cannot tell
+            unexplained = [op_id for op_id in missing if op_id >= floor]
+            if unexplained:
+                self._numbering_lost.add(group)
+                why = _NUMBERING_LOST if held_any else _NUMBERING_UNKNOWN
+                info = {"group": group, "op_id": min(unexplained), "unsure": why}
+                # where the gap began: what was numbered after it may be shifted
+                self._write((next(self._ids), anchor_ns + 1, self._lane(), events.UNSURE, POINT, group, info))
+        done = {id(gap) for gap in judged}
+        self._gaps_unread = [gap for gap in self._gaps_unread if id(gap) not in done]
 
     def opened(self, group: str) -> None:
         """A recorded call on ``group`` is about to read the group's counter and run
@@ -394,7 +463,8 @@ class EventLog:
         except Exception:
             self._group_ranks[group] = []
         if counter is not None:
-            self._counter_of(group).expected = counter
+            state = self._counter_of(group)
+            state.expected, state.anchor_ns = counter, time.time_ns()
 
     def joined(self, rank: int, world_size: int) -> None:
         """The default group was created while recording: this rank's place in it, unless
@@ -436,7 +506,7 @@ class EventLog:
             state.overlapped = False
         if before is None or after is None:
             return
-        state.expected = after
+        state.expected, state.anchor_ns = after, time.time_ns()
         state.in_flight = None
         if p2p:
             if ops is not None and not failed:
@@ -579,7 +649,7 @@ class EventLog:
     def native_entry(self, group: str, op_id: int) -> None:
         """The flight recorder held the call that left ``group``'s counter at ``op_id``."""
         if self._gaps_unread:
-            for key, missing in self._gaps_unread:
+            for key, missing, *_ in self._gaps_unread:
                 if key == group:
                     missing.discard(op_id)
             self._gaps_unread = [gap for gap in self._gaps_unread if gap[1]]

@@ -99,12 +99,18 @@ class NativeCalls:
     def __init__(self) -> None:
         self._last = -1  # the last record id read
         self._lock = threading.Lock()
+        # after a read: None when the flight recorder still held every entry it had taken, else
+        # per group the lowest op_id it held (what was older may have been let go)
+        self.reliable_from: dict[str, int] | None = None
+        self.held_any = False  # whether it held anything at all (it may be switched off)
 
     def read(self, log: Any) -> list[RawEvent]:
         """Events for the collectives native code issued since the last read, in time order
         (they go to the log's file and memory as they are returned)."""
         with self._lock:
-            entries = [e for e in _dump() if int(e.get("record_id", -1)) > self._last]
+            dumped = _dump()
+            self.reliable_from, self.held_any = _held_from(log, dumped), bool(dumped)
+            entries = [e for e in dumped if int(e.get("record_id", -1)) > self._last]
             if not entries:
                 return []
             self._last = max(int(e["record_id"]) for e in entries)
@@ -115,20 +121,17 @@ class NativeCalls:
 
     @staticmethod
     def _events(log: Any, entry: dict[str, Any]) -> list[RawEvent]:
-        name, desc = (*(entry.get("process_group") or ()), "", "")[:2]
         kind = str(entry.get("profiling_name", "")).partition(":")[2]
-        op = _OPS.get(kind)
-        if not name or op is None:
-            return []  # no group name (TORCH_DISTRIBUTED_DEBUG=DETAIL), or not a collective we know
-        t_ns = int(entry.get("time_created_ns") or 0)
-        if t_ns < log.born_ns:
-            return []  # issued before this log existed: in the process a rank was forked from
-        group = log.native_group_key("default" if desc == "default_pg" else str(name), t_ns)
-        if group is None:
-            return []
+        found = _group_of(log, entry)
+        if found is None or "send" in kind or "recv" in kind:
+            return []  # a send or receive moves one rank's count alone: it explains no gap
+        group, t_ns = found
         op_id = int(entry.get("op_id", 0))
-        log.native_entry(group, op_id)
-        if not log.unseen(group, op_id):
+        log.native_entry(group, op_id)  # a collective, even one not named below: it took its number
+        if t_ns < log.born_ns:
+            return []  # issued before this log existed (an earlier test's, under torchrun): no event of it
+        op = _OPS.get(kind)
+        if op is None or not log.unseen(group, op_id):
             return []  # a call the recorder saw, or one nested in it (broadcast_object_list's)
         seq = log.seq_of(group, op_id)
         if seq is None:
@@ -159,3 +162,28 @@ class NativeCalls:
             (call_id, t_ns, lane, events.COLLECTIVE, events.START, name_, info),
             (call_id, t_ns, lane, events.COLLECTIVE, events.END, name_, {"async": True}),
         ]
+
+
+def _group_of(log: Any, entry: dict[str, Any]) -> tuple[str, int] | None:
+    """The key of an entry's group in ``log`` and the time it was issued; None for one of no
+    group the log knows (no name: ``TORCH_DISTRIBUTED_DEBUG=DETAIL``)."""
+    name, desc = (*(entry.get("process_group") or ()), "", "")[:2]
+    if not name:
+        return None
+    t_ns = int(entry.get("time_created_ns") or 0)
+    group = log.native_group_key("default" if desc == "default_pg" else str(name), t_ns)
+    return None if group is None else (group, t_ns)
+
+
+def _held_from(log: Any, dumped: list[dict[str, Any]]) -> dict[str, int] | None:
+    """None when the flight recorder let no entry go (its first record is still there), else
+    per group the lowest op_id it still holds."""
+    if not dumped or min(int(e.get("record_id", 0)) for e in dumped) == 0:
+        return None
+    out: dict[str, int] = {}
+    for entry in dumped:
+        found = _group_of(log, entry)
+        if found is not None:
+            op_id = int(entry.get("op_id", 0))
+            out[found[0]] = min(out.get(found[0], op_id), op_id)
+    return out

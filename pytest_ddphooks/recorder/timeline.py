@@ -540,8 +540,15 @@ class Timeline:
             if not s.end.info.get("collectives", 1):
                 if self._completed_on_other_threads(s):
                     continue  # it had another thread synchronise for it, and waited for that
+                if any(inst.native for inst in self._inside(s)):
+                    continue  # it issued collectives through native code (torch.ops), which waits out of sight
                 if not s.start.info.get("group_existed", True):
                     reason = "issued no collective: no process group existed"
+                elif self._only_queued(s):
+                    reason = (
+                        "issued no collective: it only queued some in a coalescing manager, which issued them"
+                        " after it returned"
+                    )
                 elif self._raised_before_issued(s):
                     reason = "issued no collective: the ones it called raised before they reached the group"
                 else:
@@ -560,15 +567,30 @@ class Timeline:
         return out
 
     def _inside(self, barrier: Span) -> list[Instance]:
-        """The collectives the rank issued during a framework barrier."""
+        """The collectives (and sends and receives) the rank issued during a framework barrier."""
         assert barrier.end is not None
-        return [
-            inst
-            for inst in self.instances.values()
-            if barrier.rank in inst.starts
-            and inst.starts[barrier.rank].lane == barrier.start.lane
-            and barrier.start.index < inst.starts[barrier.rank].index < barrier.end.index
-        ]
+        inside = []
+        for inst in self.instances.values():
+            # a receive is in its pair's ends alone: where it returned (from a wait, or at once)
+            entered = inst.starts.get(barrier.rank) or inst.ends.get(barrier.rank)
+            if (
+                entered is not None
+                and entered.lane == barrier.start.lane
+                and barrier.start.index < entered.index < barrier.end.index
+            ):
+                inside.append(inst)
+        return inside
+
+    def _only_queued(self, barrier: Span) -> bool:
+        """The barrier's thread called collectives a coalescing manager only queued."""
+        assert barrier.end is not None
+        return any(
+            e.kind == events.COLLECTIVE
+            and e.phase == events.START
+            and e.lane == barrier.start.lane
+            and e.info.get("queued")
+            for e in self._by_rank.get(barrier.rank, [])[barrier.start.index + 1 : barrier.end.index]
+        )
 
     def _completed_on_other_threads(self, barrier: Span) -> bool:
         """Another thread of the rank, one the barrier started, entered a collective and

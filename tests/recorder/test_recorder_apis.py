@@ -51,7 +51,9 @@ def test_false_pass_refused(rank, recorder):
     result.assert_outcomes(passed=1)
 
 
-def test_a_collective_the_recorder_cannot_see_is_a_gap_never_a_shift(pytester) -> None:
+def test_a_call_the_recorder_cannot_see_without_a_flight_recorder_ends_the_groups_numbering(pytester) -> None:
+    """Whether it was a collective (a gap: the numbering holds) or a send (a shift) nobody can
+    tell: the rank's later calls on the group pair with nothing, and the assertion says why."""
     result = run(
         pytester,
         """
@@ -79,14 +81,107 @@ def test_gap(rank, recorder, no_flight_recorder):
     tl = recorder.timeline()
     with pytest.raises(TimelineAssertionError) as failed:
         tl.assert_happens_before("A@0", "B@1")
-    assert "collective #1 on the default group (rank 0, before event #" in str(failed.value)
-    assert "was issued through an API the recorder cannot see; it is treated as ordering nothing" in str(
-        failed.value
-    )
+    said = " ".join(str(failed.value).split())
+    assert "held nothing (switched off: TORCH_FR_BUFFER_SIZE=0?)" in said
+    assert "all_reduce #? (unpaired)" in tl.swimlanes()
     assert tl.collective_mismatches() == [], "no two different collectives were paired"
 """,
     )
     result.assert_outcomes(passed=1)
+
+
+def test_a_send_or_receive_the_recorder_cannot_see_never_shifts_the_pairing(pytester) -> None:
+    """A send issued through the dispatcher moves the group's count on the ranks it joins
+    alone; counted as a collective, rank 0's first barrier would pair with rank 1's second (or a
+    recorded send with the receive of the unseen message) and prove orders that did not hold.
+    The flight recorder holds every collective and no send: what it does not hold ends the
+    rank's numbering of the group."""
+    result = run(
+        pytester,
+        """
+def wait_for(path):
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+def unseen_send(t, dst):
+    pg = dist.distributed_c10d._get_default_group()
+    torch.ops.c10d.send([t], pg.boxed(), dst, 0).wait()
+
+def unseen_recv(t, src):
+    pg = dist.distributed_c10d._get_default_group()
+    torch.ops.c10d.recv_([t], pg.boxed(), src, 0).wait()
+
+@pytest.mark.multirank(world_size=3)
+def test_unseen_pair_shifts_no_barrier(rank, recorder, shared_tmp_path):
+    t = torch.zeros(2)
+    if rank == 0:
+        unseen_send(t, 1)
+    elif rank == 1:
+        unseen_recv(t, 0)
+    dist.barrier()  # one barrier on every rank
+    if rank == 0:
+        recorder.mark("b")
+        (shared_tmp_path / "b").write_text("done")
+    if rank == 2:
+        wait_for(shared_tmp_path / "b")
+        recorder.mark("a")  # after b
+    dist.barrier()
+    tl = recorder.timeline()
+    with pytest.raises(TimelineAssertionError) as refused:
+        tl.assert_happens_before("a@2", "b@0")
+    assert "flight recorder saw" in " ".join(str(refused.value).split())
+
+@pytest.mark.multirank(world_size=2)
+def test_unseen_send_shifts_no_message(rank, recorder, shared_tmp_path):
+    t = torch.zeros(2)
+    if rank == 0:
+        unseen_send(torch.ones(2), 1)  # message 1
+        wait_for(shared_tmp_path / "b")
+        recorder.mark("a")  # after b
+        dist.send(torch.full((2,), 2.0), dst=1)  # message 2
+    else:
+        dist.recv(t, src=0)  # gets message 1
+        recorder.mark("b")
+        (shared_tmp_path / "b").write_text("done")
+        dist.recv(t, src=0)
+    with pytest.raises(TimelineAssertionError):
+        recorder.timeline().assert_happens_before("a@0", "b@1")
+
+@pytest.mark.multirank(world_size=3)
+def test_dispatcher_monitored_barrier_shifts_nothing(rank, recorder, shared_tmp_path):
+    pg = dist.distributed_c10d._get_default_group()
+    # inside, rank 0 makes 4 sends and receives, the others 2 each
+    torch.ops.c10d.monitored_barrier_(torch.zeros(1), pg.boxed(), [], 30000, False)
+    dist.barrier()
+    if rank == 0:
+        recorder.mark("b")
+        (shared_tmp_path / "b").write_text("done")
+    dist.barrier()
+    if rank == 1:
+        wait_for(shared_tmp_path / "b")
+        recorder.mark("a")
+    dist.barrier()
+    with pytest.raises(TimelineAssertionError):
+        recorder.timeline().assert_happens_before("a@1", "b@0")
+
+@pytest.mark.multirank(world_size=2)
+def test_unseen_collective_keeps_the_numbering(rank, recorder):
+    # a collective the flight recorder holds is a gap, not a shift: later orders still hold
+    pg = dist.distributed_c10d._get_default_group()
+    torch.ops.c10d.barrier(torch.zeros(1), pg.boxed(), [], True, -1).wait()
+    dist.all_reduce(torch.ones(1))
+    if rank == 0:
+        recorder.mark("prepare")
+    dist.barrier()
+    recorder.mark("setup")
+    tl = recorder.timeline()
+    tl.assert_happens_before("prepare@0", "setup@1")
+    assert not any(e.info.get("unsure") for e in tl.events)
+""",
+    )
+    result.assert_outcomes(passed=4)
 
 
 def test_collectives_native_code_issues_are_recorded_and_order_nothing(pytester) -> None:
@@ -816,3 +911,88 @@ def test_barrier_of(rank, recorder, elements, how):
 """,
     )
     result.assert_outcomes(passed=8)
+
+
+def test_a_barrier_that_only_queued_or_only_posted_a_receive_is_a_noop(pytester) -> None:
+    result = run(
+        pytester,
+        """
+from torch.distributed.distributed_c10d import _coalescing_manager
+
+class Strategy:
+    def __init__(self, rank):
+        self.rank, self.work = rank, None
+
+    def queueing(self):
+        dist.all_reduce(torch.ones(1))  # inside an open coalescing manager: only queued
+
+    def posting(self):
+        if self.rank == 1:
+            self.work = dist.irecv(torch.zeros(1), src=0)  # not waited inside
+        else:
+            self.work = dist.isend(torch.ones(1), dst=1)
+
+    def receiving(self):
+        if self.rank == 1:
+            dist.irecv(torch.zeros(1), src=0).wait()
+        else:
+            dist.send(torch.ones(1), dst=1)
+
+@pytest.mark.multirank(world_size=2)
+def test_only_queued(rank, recorder):
+    strategy = Strategy(rank)
+    recorder.instrument_barrier(strategy, "queueing")
+    with _coalescing_manager():
+        strategy.queueing()
+        dist.all_reduce(torch.ones(1))
+    assert [nb.reason for nb in recorder.timeline().noop_barriers()] == [
+        "issued no collective: it only queued some in a coalescing manager, which issued them after it returned"
+    ] * 2
+
+@pytest.mark.multirank(world_size=2)
+def test_only_posted(rank, recorder):
+    strategy = Strategy(rank)
+    recorder.instrument_barrier(strategy, "posting")
+    strategy.posting()
+    strategy.work.wait()
+    assert [nb.rank for nb in recorder.timeline().noop_barriers()] == [0, 1]
+
+@pytest.mark.multirank(world_size=2)
+def test_a_receive_waited_inside_is_no_noop_for_the_receiver(rank, recorder):
+    strategy = Strategy(rank)
+    recorder.instrument_barrier(strategy, "receiving")
+    strategy.receiving()
+    # the sender's barrier waits for nobody in gloo's eyes either way: only the receiver is judged here
+    assert 1 not in [nb.rank for nb in recorder.timeline().noop_barriers()]
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
+def test_a_barrier_issued_through_the_dispatcher_is_no_noop(pytester) -> None:
+    """Its collective is found in the flight recorder (native): it waited out of sight, as DDP's do."""
+    result = run(
+        pytester,
+        """
+class Strategy:
+    def barrier(self):
+        pg = dist.distributed_c10d._get_default_group()
+        torch.ops.c10d.barrier(torch.zeros(1), pg.boxed(), [], True, -1).wait()
+
+    def idle(self):
+        pass
+
+@pytest.mark.multirank(world_size=2)
+def test_dispatcher_barrier(rank, recorder):
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "barrier")
+    recorder.instrument_barrier(strategy, "idle")
+    strategy.barrier()
+    strategy.idle()
+    dist.barrier()
+    tl = recorder.timeline()
+    assert "barrier #1 (native)" in tl.swimlanes()
+    assert [(nb.rank, nb.name) for nb in tl.noop_barriers()] == [(0, "idle"), (1, "idle")]
+""",
+    )
+    result.assert_outcomes(passed=1)

@@ -123,6 +123,9 @@ class Recorder(EventLog):
     def close(self) -> None:
         """Undo every instrumentation and stop recording torch.distributed calls."""
         self._closed = True
+        if self.gaps_found():
+            self.read_native()  # a send among them would shift the next log's numbering too
+        self.carry_numbering()
         self.let_go()
         while self._undo:
             self._undo.pop()()

@@ -252,6 +252,7 @@ def _known_group(rec: EventLog, pg: Any, world: Any) -> tuple[Any, str, str, Any
             key = rec.key_for_group(_group_name(pg, world), pg)
             known = (pg, key, "ranks", list(_dist().get_process_group_ranks(pg)))
         rec.described_groups[id(pg)] = known
+        rec.first_seen(known[1], pg)
     return known
 
 

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,9 @@ time_ns = time.time_ns
 _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
 # an asynchronous call waiting for its completion: (its Work, call id, name, start info, static info)
 Pending = tuple[Any, int, str, dict[str, Any], Any]
+# per group, how the last log that saw it left its numbering: (the counter after its last recorded
+# call, the offset of this rank's sends and receives, why it was untrusted, why it was lost)
+_carried: weakref.WeakKeyDictionary[Any, tuple[int, int, str | None, str | None]] = weakref.WeakKeyDictionary()
 # a gap: its group, its op_ids no flight-recorder entry was read for yet, when the last recorded
 # call before it ended (time_ns) and when it was found (monotonic)
 Gap = tuple[str, set[int], int, float]
@@ -146,7 +150,7 @@ class EventLog:
         # what the flight recorder must still be read for: per gap, the op_ids of it no entry was
         # read for yet; per group, the op_id up to which every entry was read, and those read above
         self._gaps_unread: list[Gap] = []
-        self._numbering_lost: set[str] = set()  # groups whose numbering this rank lost (``judge_gaps``)
+        self._numbering_lost: dict[str, str] = {}  # group -> why this rank lost its numbering (``judge_gaps``)
         self._native_upto: dict[str, int] = {}
         self._native_above: dict[str, set[int]] = {}
         self._incarnation_starts: list[int] = []  # when each incarnation after the first began (time_ns)
@@ -438,13 +442,40 @@ class EventLog:
                 continue  # the flight recorder holds nothing of the group any more: cannot tell
             unexplained = [op_id for op_id in missing if op_id >= floor]
             if unexplained:
-                self._numbering_lost.add(group)
-                why = _NUMBERING_LOST if held_any else _NUMBERING_UNKNOWN
-                info = {"group": group, "op_id": min(unexplained), "unsure": why}
-                # where the gap began: what was numbered after it may be shifted
-                self._write((next(self._ids), anchor_ns + 1, self._lane(), events.UNSURE, POINT, group, info))
+                # from where the gap began: what was numbered after it may be shifted
+                self._lose_numbering(group, _NUMBERING_LOST if held_any else _NUMBERING_UNKNOWN, anchor_ns + 1)
         done = {id(gap) for gap in judged}
         self._gaps_unread = [gap for gap in self._gaps_unread if id(gap) not in done]
+
+    def _lose_numbering(self, group: str, why: str, t_ns: int) -> None:
+        self._numbering_lost[group] = why
+        self._write((next(self._ids), t_ns, self._lane(), events.UNSURE, POINT, group, {"group": group, "unsure": why}))
+
+    def first_seen(self, group: str, pg: Any) -> None:
+        """A group this log describes for the first time: one an earlier log saw (under
+        torchrun, the group outlives each test's) goes on numbered from where that log left it."""
+        state = self._counter_of(group)
+        if state.expected is not None:
+            return  # created while this log recorded
+        try:
+            carried = _carried.get(pg)
+        except TypeError:
+            return
+        if carried is None:
+            return
+        state.expected, state.offset, state.untrusted, lost = carried
+        state.anchor_ns = self.born_ns
+        if lost is not None and group not in self._numbering_lost:
+            self._lose_numbering(group, lost, self.born_ns)
+
+    def carry_numbering(self) -> None:
+        """Leave each group's numbering for the next log that sees it."""
+        for pg, key, *_ in tuple(self.described_groups.values()):
+            state = self._counters.get(key)
+            if state is None or state.expected is None:
+                continue
+            with contextlib.suppress(TypeError):
+                _carried[pg] = (state.expected, state.offset, state.untrusted, self._numbering_lost.get(key))
 
     def opened(self, group: str) -> None:
         """A recorded call on ``group`` is about to read the group's counter and run

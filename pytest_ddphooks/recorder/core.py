@@ -161,7 +161,9 @@ class Recorder(EventLog):
             judged = self.gaps_found()  # found before the dump: their calls are in it, if collectives
             self.add_native(self._native.read(self))
             self.native_read()
-            unexplained = [gap for gap in judged if gap[1]]
+            # a gap a send or receive found is judged by what the flight recorder lacks (one before a
+            # collective, by the collective's own entry, ``native_number``)
+            unexplained = [gap for gap in judged if gap[1] and (gap[4] or not self._native.held_any)]
             if unexplained:
                 # torch counts a call on a group before it writes the call's flight-recorder entry
                 # (from the issuing thread, a moment later): look again once the youngest gap is

@@ -16,7 +16,7 @@ import inspect
 import sys
 import threading
 import types
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any
 
 from . import events, warnsite
@@ -100,20 +100,99 @@ def _other_threads() -> list[int]:
     return sorted(t.ident for t in threading.enumerate() if t.ident is not None and t.ident != me)
 
 
+Started = tuple[int, "list[int] | None"]  # a span's call id and its counter, once it began
+
+
 def _plain_call(span: _Span) -> _Call:
     def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
-        call_id, counter = span.begin()
+        started = span.begin()
         try:
-            with counting(counter):
+            with counting(started[1]):
                 result = fn(*args, **kwargs)
         except BaseException as exc:
-            span.end(call_id, counter, exc)
+            span.end(*started, exc)
             raise
-        span.end(call_id, counter, None)
-        return result
+        # what a decorated coroutine, generator or @contextmanager function returns runs later:
+        # the span goes on over that
+        body = _body_of(span, result, started, lambda: call(fn, args, kwargs))
+        if body is None:
+            span.end(*started, None)
+            return result
+        return body
 
     return call
+
+
+def _body_of(span: _Span, result: Any, started: Started, again: Callable[[], Any]) -> Any:
+    """What stands for ``result`` so that the span ends with the body it holds; None when it
+    holds none (``again``: the call anew, for a context manager used as a decorator)."""
+    if inspect.iscoroutine(result):
+        return _awaited(span, result, started)
+    if inspect.isgenerator(result):
+        return _steps(span, result, started)
+    if inspect.isasyncgen(result):
+        return _async_steps(span, result, started)
+    if isinstance(result, _CONTEXT_MANAGERS) and _spans_body(span, result, started):
+        # used as a decorator, it makes a manager anew for each call: each is a call of its own
+        result._recreate_cm = again  # type: ignore[method-assign]
+        return result
+    return None
+
+
+def _spans_body(span: _Span, manager: Any, started: Started | None) -> bool:
+    """Make a contextlib manager's generator record the span over its steps (from ``started``,
+    else from entering it)."""
+    inner = getattr(manager, "gen", None)
+    if inspect.isgenerator(inner):
+        manager.gen = _steps(span, inner, started)
+    elif inspect.isasyncgen(inner):
+        manager.gen = _async_steps(span, inner, started)
+    else:
+        return False
+    return True
+
+
+def _context_call(span: _Span) -> _Call:
+    """A ``@contextmanager`` function: the events span the ``with`` statement, from entering to
+    leaving it; calling the function runs none of its body, and a manager made but never
+    entered (one a decorator makes anew for each call) records nothing."""
+    plain = _plain_call(span)
+
+    def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        __tracebackhide__ = True
+        manager = fn(*args, **kwargs)
+        if not _spans_body(span, manager, None):
+            return plain(lambda: manager, (), {})  # not contextlib's manager after all
+        manager._recreate_cm = lambda: call(fn, args, kwargs)
+        return manager
+
+    return call
+
+
+@contextlib.contextmanager
+def _sync_probe() -> Generator[None, None, None]:
+    yield
+
+
+@contextlib.asynccontextmanager
+async def _async_probe() -> AsyncGenerator[None, None]:
+    yield
+
+
+# the function contextlib puts in place of a @contextmanager generator function
+_CONTEXT_FACTORIES = {_sync_probe.__code__, _async_probe.__code__}  # type: ignore[attr-defined]
+
+
+async def _awaited(span: _Span, coroutine: Any, started: Started) -> Any:
+    try:
+        with counting(started[1]):
+            result = await coroutine
+    except BaseException as exc:
+        span.end(*started, exc)
+        raise
+    span.end(*started, None)
+    return result
 
 
 def _awaited_call(span: _Span) -> _Call:
@@ -121,15 +200,7 @@ def _awaited_call(span: _Span) -> _Call:
 
     async def acall(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
-        call_id, counter = span.begin()
-        try:
-            with counting(counter):
-                result = await fn(*args, **kwargs)
-        except BaseException as exc:
-            span.end(call_id, counter, exc)
-            raise
-        span.end(call_id, counter, None)
-        return result
+        return await _awaited(span, fn(*args, **kwargs), span.begin())
 
     return acall
 
@@ -160,10 +231,11 @@ class _CountedSteps:
             self.inner.close()
 
 
-def _steps(span: _Span, inner: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
+def _steps(span: _Span, inner: Generator[Any, Any, Any], started: Started | None = None) -> Generator[Any, Any, Any]:
     """A generator's body runs as it is iterated, not when it is called: the events span it
-    from its first step to its end (exhausted, closed, or raised)."""
-    call_id, counter = span.begin()
+    from its first step (or from the call that made it, ``started``) to its end (exhausted,
+    closed, or raised)."""
+    call_id, counter = span.begin() if started is None else started
     try:
         result = yield from (inner if counter is None else _CountedSteps(inner, counter))
     except BaseException as exc:
@@ -173,9 +245,11 @@ def _steps(span: _Span, inner: Generator[Any, Any, Any]) -> Generator[Any, Any, 
     return result
 
 
-async def _async_steps(span: _Span, inner: AsyncGenerator[Any, Any]) -> AsyncGenerator[Any, Any]:
+async def _async_steps(
+    span: _Span, inner: AsyncGenerator[Any, Any], started: Started | None = None
+) -> AsyncGenerator[Any, Any]:
     """The same for an asynchronous generator; what its consumer sends or throws in reaches it."""
-    call_id, counter = span.begin()
+    call_id, counter = span.begin() if started is None else started
     sent: Any = None
     thrown: BaseException | None = None
     try:
@@ -209,38 +283,8 @@ def _generator_call(span: _Span, is_async: bool) -> _Call:
     return call
 
 
-def _context_call(span: _Span) -> _Call:
-    """A ``@contextmanager`` function: the events span the ``with`` statement, from entering to
-    leaving it (its generator's steps); calling the function runs none of its body."""
-    plain = _plain_call(span)
-
-    def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        __tracebackhide__ = True
-        manager = fn(*args, **kwargs)
-        inner = getattr(manager, "gen", None)
-        if inspect.isgenerator(inner):
-            manager.gen = _steps(span, inner)
-        elif inspect.isasyncgen(inner):
-            manager.gen = _async_steps(span, inner)
-        else:  # not contextlib's manager after all: the call itself is what can be recorded
-            return plain(lambda: manager, (), {})
-        return manager
-
-    return call
-
-
-@contextlib.contextmanager
-def _sync_probe() -> Iterator[None]:
-    yield
-
-
-@contextlib.asynccontextmanager
-async def _async_probe() -> AsyncIterator[None]:
-    yield
-
-
-# the function contextlib puts in place of a @contextmanager generator function
-_CONTEXT_FACTORIES = {_sync_probe.__code__, _async_probe.__code__}  # type: ignore[attr-defined]
+# what contextlib's @contextmanager and @asynccontextmanager functions return
+_CONTEXT_MANAGERS = (contextlib._GeneratorContextManager, contextlib._AsyncGeneratorContextManager)
 
 
 def _call_of(span: _Span, func: Any) -> _Call:
@@ -250,7 +294,7 @@ def _call_of(span: _Span, func: Any) -> _Call:
         return _context_call(span)
     if inspect.iscoroutinefunction(func):
         return _awaited_call(span)
-    return _plain_call(span)
+    return _plain_call(span)  # what it returns decides (a @contextmanager function's manager, ...)
 
 
 def _forwarder(func: Any, fn: Callable[..., Any], call: _Call, is_async: bool) -> Callable[..., Any]:
@@ -333,6 +377,11 @@ def wrap(log: EventLog, target: Any, name: str, kind: str, event_name: str) -> U
     when it was instrumented that way already."""
     raw, func = _function_of(target, name)
     owner = target if isinstance(target, type) else type(target)
+    if owner is not target and name.startswith("__") and name.endswith("__"):
+        raise TypeError(
+            f"cannot instrument {owner.__qualname__}.{name} on one object: Python looks special methods up on"
+            " the class, never on the object; instrument its class instead"
+        )
     identity = (id(log), kind, event_name)
     fn: Callable[..., Any] | None = None  # what the wrapper calls (on an object: bound)
     done = getattr(func, _INSTRUMENTED, None)

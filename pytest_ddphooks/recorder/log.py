@@ -26,15 +26,20 @@ _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
 # an asynchronous call waiting for its completion: (its Work, call id, name, start info, static info)
 Pending = tuple[Any, int, str, dict[str, Any], Any]
 # per group, how the last log that saw it left its numbering: (the counter after its last recorded
-# call, the offset of this rank's sends and receives, why it was untrusted, why it was lost)
-_carried: weakref.WeakKeyDictionary[Any, tuple[int, int, str | None, str | None]] = weakref.WeakKeyDictionary()
+# call, the offset of this rank's sends and receives, why it was untrusted)
+_carried: weakref.WeakKeyDictionary[Any, tuple[int, int, str | None]] = weakref.WeakKeyDictionary()
 # a gap: its group, its op_ids no flight-recorder entry was read for yet, when the last recorded
-# call before it ended (time_ns) and when it was found (monotonic)
-Gap = tuple[str, set[int], int, float]
+# call before it ended (time_ns), when it was found (monotonic), whether a send or receive found it
+Gap = tuple[str, set[int], int, float, bool]
 _NUMBERING_LOST = (
     "a call on the group that neither the recorder nor torch's flight recorder saw (a send or receive issued"
     " through torch.ops.c10d, say) moved this rank's count of the group's calls, so its later calls there have"
     " no place in the group's sequence anyone can be sure of"
+)
+_NUMBERING_SHIFTED = (
+    "a send or receive the recorder did not see (issued through torch.ops.c10d, say) moved this rank's count of"
+    " the group's calls: torch's flight recorder numbers the collective differently, so this rank's calls there"
+    " from it on have no place in the group's sequence anyone can be sure of"
 )
 _NUMBERING_UNKNOWN = (
     "a call on the group the recorder did not see moved this rank's count of the group's calls, and torch's"
@@ -92,12 +97,25 @@ class _GroupCounter:
     """What this rank has seen of one group's own sequence counter (every collective and
     send/recv on the group advances it, whichever API issued it)."""
 
-    __slots__ = ("anchor_ns", "calls", "expected", "in_flight", "offset", "open", "overlapped", "untrusted")
+    __slots__ = (
+        "anchor_ns",
+        "calls",
+        "expected",
+        "in_flight",
+        "inherited",
+        "offset",
+        "open",
+        "overlapped",
+        "untrusted",
+    )
 
     def __init__(self) -> None:
         self.offset = 0  # how far this rank's own sends and receives advanced it
         self.expected: int | None = None  # its value after the last recorded call
         self.anchor_ns = 0  # when ``expected`` was last set: where a gap after it begins
+        # ``expected`` came from before this log (the group's start, an earlier log's last call):
+        # the calls of the first gap ran outside it, to be judged, not recorded
+        self.inherited = False
         self.in_flight: int | None = None  # its value when a recorded call that has not returned began
         self.calls = 0  # recorded calls, for a group whose counter cannot be read
         self.open = 0  # recorded calls on the group running now (on any thread)
@@ -151,6 +169,10 @@ class EventLog:
         # read for yet; per group, the op_id up to which every entry was read, and those read above
         self._gaps_unread: list[Gap] = []
         self._numbering_lost: dict[str, str] = {}  # group -> why this rank lost its numbering (``judge_gaps``)
+        self._offset_base: dict[str, int] = {}  # group -> its offset when this log took it over (``first_seen``)
+        # group -> a counter value after which its numbering is to be checked against the flight
+        # recorder's (``native_number``): its first collective past it, once read, settles it
+        self._suspect: dict[str, int] = {}
         self._native_upto: dict[str, int] = {}
         self._native_above: dict[str, set[int]] = {}
         self._incarnation_starts: list[int] = []  # when each incarnation after the first began (time_ns)
@@ -394,33 +416,37 @@ class EventLog:
         state.in_flight = counter
         return counter - state.offset + 1, unseen, unsure
 
-    def _gap_before(self, group: str, state: _GroupCounter, counter: int) -> int:
+    def _gap_before(self, group: str, state: _GroupCounter, counter: int, at_p2p: bool = False) -> int:
         """How many calls on ``group`` went unseen before a recorded one found its counter at
-        ``counter``; they are noted as a gap, for the flight recorder to explain."""
+        ``counter``; they are noted as a gap, for the flight recorder to explain (``at_p2p``: the
+        recorded call is a send or receive, which the flight recorder does not hold)."""
         if state.expected is None:
-            # a group this log first sees now, created before it (under torchrun, by an earlier test):
-            # what ran on it since it began at 0 is a gap, so that a send or receive among it is found
-            state.expected, state.anchor_ns = 0, self.born_ns
-        unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
+            # a group this log first sees now, created before it: what ran on it since it began at
+            # 0 ran outside this log (the flight recorder's number of its first collective tells
+            # whether a send among it moved this rank's count, ``native_number``)
+            state.expected, state.anchor_ns, state.inherited = 0, self.born_ns, True
+        unseen = counter - state.expected if counter > state.expected else 0
         if not unseen or state.open > 1:
             # other threads' recorded calls running on the group may have counted already: which
             # numbers, if any, went unseen cannot be told (a gap here made one of them a phantom)
             return 0
-        assert state.expected is not None
-        self._gaps.setdefault(group, []).append((state.expected + 1, counter))
+        if state.inherited:
+            self._suspect.setdefault(group, counter)
+            return 0
+        self._gaps.setdefault(group, []).append((state.expected + 1, counter))  # native calls: events
         # the flight recorder keeps the last 2,000 entries: the tail of a long gap is what it can hold
         read = self._native_upto.get(group, 0)  # what an earlier read already found there is explained
         tracked = set(range(max(state.expected, read, counter - _TRACKED_GAP) + 1, counter + 1))
         tracked -= self._native_above.get(group, set())
         if tracked:
-            self._gaps_unread.append((group, tracked, state.anchor_ns, time.monotonic()))
+            self._gaps_unread.append((group, tracked, state.anchor_ns, time.monotonic(), at_p2p))
         return unseen
 
     def p2p_began(self, group: str, counter: int | None) -> None:
         """A recorded send, receive or monitored barrier found the group's counter at
         ``counter``: a call unseen before it is a gap, as before a collective."""
         if counter is not None:
-            self._gap_before(group, self._counter_of(group), counter)
+            self._gap_before(group, self._counter_of(group), counter, at_p2p=True)
 
     def gaps_found(self) -> list[Gap]:
         """The gaps no read has explained yet (their calls were issued already)."""
@@ -429,27 +455,55 @@ class EventLog:
     def judge_gaps(self, judged: list[Gap], reliable_from: dict[str, int] | None, held_any: bool = True) -> None:
         """After a read of the flight recorder, which holds every collective issued (the last
         2,000; ``reliable_from``: per group, the lowest op_id it still held, when it had let
-        older ones go, else None): a call of a gap it did not hold was no collective. A send
-        or receive issued where the recorder cannot see it (``torch.ops.c10d.send``), it moved
-        the group's counter on this rank alone: the rank's later calls on the group cannot be
-        numbered for sure, and pair with nothing. A flight recorder that held nothing at all
-        (``held_any``; switched off) tells nothing: every gap is such a call, as far as anyone knows."""
-        for group, missing, anchor_ns, _ in judged:
+        older ones go, else None) and no send or receive. Before a collective, the flight
+        recorder's own number of it tells whether its numbering holds (``native_number``); a
+        gap before a send or receive that holds a call it did not hold was a send or receive
+        issued where the recorder cannot see it (``torch.ops.c10d.send``): it may have taken
+        a message the next recorded one is numbered for, so the rank's later calls on the
+        group pair with nothing. A flight recorder that held nothing at all (``held_any``;
+        switched off) tells nothing: every gap is such a call, as far as anyone knows."""
+        settled = []
+        for gap in judged:
+            group, missing, anchor_ns, _, at_p2p = gap
+            if held_any and not at_p2p:
+                continue  # left to be read: what native code issued there becomes events when it is
+            settled.append(gap)
             if not missing or group in self._numbering_lost:
                 continue
             floor = 0 if reliable_from is None else reliable_from.get(group)
             if floor is None:
                 continue  # the flight recorder holds nothing of the group any more: cannot tell
-            unexplained = [op_id for op_id in missing if op_id >= floor]
-            if unexplained:
+            if [op_id for op_id in missing if op_id >= floor]:
                 # from where the gap began: what was numbered after it may be shifted
                 self._lose_numbering(group, _NUMBERING_LOST if held_any else _NUMBERING_UNKNOWN, anchor_ns + 1)
-        done = {id(gap) for gap in judged}
+        done = {id(gap) for gap in settled}
         self._gaps_unread = [gap for gap in self._gaps_unread if id(gap) not in done]
 
-    def _lose_numbering(self, group: str, why: str, t_ns: int) -> None:
+    def native_number(self, group: str, op_id: int, number: int) -> None:
+        """The flight recorder numbers the collectives of a group alone (``collective_seq_id``),
+        which every member agrees on; the recorder's number of the collective that left the
+        counter at ``op_id`` must be the same. When it is not, a send or receive the recorder
+        did not see moved this rank's count: its calls on the group numbered from there (this
+        one on) pair with nothing, and the numbering it leaves to the next log is set right."""
+        if op_id > self._suspect.get(group, op_id):
+            del self._suspect[group]  # checked here, past what made it suspect
+        mine = self.seq_of(group, op_id)
+        if mine is None or mine == number or group in self._numbering_lost:
+            return
+        self._lose_numbering(group, _NUMBERING_SHIFTED, 0, from_seq=min(mine, number))
+        state = self._counters.get(group)
+        if state is not None:
+            state.offset += mine - number
+            self._offset_changes.setdefault(group, []).append((op_id, state.offset))
+
+    def _lose_numbering(self, group: str, why: str, t_ns: int, from_seq: int | None = None) -> None:
+        """From ``t_ns`` on (or, with ``from_seq``, from that number on), the rank's calls on
+        ``group`` have no number anyone can be sure of."""
         self._numbering_lost[group] = why
-        self._write((next(self._ids), t_ns, self._lane(), events.UNSURE, POINT, group, {"group": group, "unsure": why}))
+        info: dict[str, Any] = {"group": group, "unsure": why}
+        if from_seq is not None:
+            info["from_seq"] = from_seq
+        self._write((next(self._ids), t_ns, self._lane(), events.UNSURE, POINT, group, info))
 
     def first_seen(self, group: str, pg: Any) -> None:
         """A group this log describes for the first time: one an earlier log saw (under
@@ -461,12 +515,10 @@ class EventLog:
             carried = _carried.get(pg)
         except TypeError:
             return
-        if carried is None:
-            return
-        state.expected, state.offset, state.untrusted, lost = carried
-        state.anchor_ns = self.born_ns
-        if lost is not None and group not in self._numbering_lost:
-            self._lose_numbering(group, lost, self.born_ns)
+        if carried is not None:
+            state.expected, state.offset, state.untrusted = carried
+            state.anchor_ns, state.inherited = self.born_ns, True
+            self._offset_base[group] = state.offset
 
     def carry_numbering(self) -> None:
         """Leave each group's numbering for the next log that sees it."""
@@ -475,7 +527,7 @@ class EventLog:
             if state is None or state.expected is None:
                 continue
             with contextlib.suppress(TypeError):
-                _carried[pg] = (state.expected, state.offset, state.untrusted, self._numbering_lost.get(key))
+                _carried[pg] = (state.expected, state.offset, state.untrusted)
 
     def opened(self, group: str) -> None:
         """A recorded call on ``group`` is about to read the group's counter and run
@@ -537,8 +589,13 @@ class EventLog:
             state.overlapped = False
         if before is None or after is None:
             return
-        state.expected, state.anchor_ns = after, time.time_ns()
+        state.expected, state.anchor_ns, state.inherited = after, time.time_ns(), False
         state.in_flight = None
+        if after - before != (ops if p2p and ops is not None else 1) or (p2p and ops is None):
+            # the count moved by more (or less) than this call alone: calls unseen beside it (another
+            # thread's send?), nested ones, or a monitored barrier's parts; the flight recorder's
+            # numbers of the next collectives tell whether the numbering still holds (``native_number``)
+            self._suspect.setdefault(group, after)
         if p2p:
             if ops is not None and not failed:
                 # never what the counter moved by: another thread's calls move it too
@@ -658,7 +715,7 @@ class EventLog:
         call and the last flight-recorder entry read for it. When not, the flight recorder
         holds nothing ``unseen`` would take, and is not read (a dump of its 2,000 entries
         costs up to 90 ms)."""
-        if self._gaps_unread:
+        if self._gaps_unread or self._suspect:
             return True
         # copied at once: the watchdog's ask thread reads while the rank's threads record
         groups = {key: pg for pg, key, *_ in tuple(self.described_groups.values())}
@@ -714,7 +771,7 @@ class EventLog:
     def seq_of(self, group: str, op_id: int) -> int | None:
         """The recorder's number of the collective that left ``group``'s counter at ``op_id``."""
         changes = self._offset_changes.get(group, [])
-        offset = 0
+        offset = self._offset_base.get(group, 0)
         for after, value in changes:
             if after < op_id:
                 offset = value

@@ -53,7 +53,7 @@ _OPS = {
     "gather": "gather",
     "scatter": "scatter",
 }
-_OUTPUT_PAYLOAD = {"reduce_scatter", "reduce_scatter_tensor"}  # described by their output, as from Python
+_OUTPUT_PAYLOAD = {"reduce_scatter", "reduce_scatter_tensor", "scatter"}  # described by their output, as from Python
 _DTYPES = {
     "Float": "float32",
     "Double": "float64",
@@ -126,10 +126,12 @@ class NativeCalls:
         if found is None or "send" in kind or "recv" in kind:
             return []  # a send or receive moves one rank's count alone: it explains no gap
         group, t_ns = found
+        if t_ns < log.born_ns or entry.get("is_p2p"):
+            return []  # issued before this log existed (under torchrun, an earlier test's)
         op_id = int(entry.get("op_id", 0))
         log.native_entry(group, op_id)  # a collective, even one not named below: it took its number
-        if t_ns < log.born_ns:
-            return []  # issued before this log existed (an earlier test's, under torchrun): no event of it
+        if entry.get("collective_seq_id"):
+            log.native_number(group, op_id, int(entry["collective_seq_id"]))
         op = _OPS.get(kind)
         if op is None or not log.unseen(group, op_id):
             return []  # a call the recorder saw, or one nested in it (broadcast_object_list's)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 PRELUDE = """
+import threading
 import time
 import pytest
 import torch
@@ -131,7 +132,7 @@ def test_unseen_pair_shifts_no_barrier(rank, recorder, shared_tmp_path):
     tl = recorder.timeline()
     with pytest.raises(TimelineAssertionError) as refused:
         tl.assert_happens_before("a@2", "b@0")
-    assert "flight recorder saw" in " ".join(str(refused.value).split())
+    assert "torch's flight recorder numbers the collective differently" in " ".join(str(refused.value).split())
 
 @pytest.mark.multirank(world_size=2)
 def test_unseen_send_shifts_no_message(rank, recorder, shared_tmp_path):
@@ -167,6 +168,28 @@ def test_dispatcher_monitored_barrier_shifts_nothing(rank, recorder, shared_tmp_
         recorder.timeline().assert_happens_before("a@1", "b@0")
 
 @pytest.mark.multirank(world_size=2)
+def test_unseen_send_on_a_thread_inside_a_recorded_barrier_shifts_nothing(rank, recorder, shared_tmp_path):
+    # the barrier's count moves by two: its own and the send's, which it must not take for its own
+    if rank == 1:
+        sending = threading.Thread(target=unseen_send, args=(torch.ones(2), 0))
+        sending.start()
+        dist.barrier()  # returns only once rank 0 received the unseen message
+        sending.join()
+    else:
+        dist.recv(torch.zeros(2), src=1)
+        dist.barrier()
+    dist.barrier()
+    if rank == 1:
+        recorder.mark("b")
+        (shared_tmp_path / "b").write_text("done")
+    else:
+        wait_for(shared_tmp_path / "b")
+        recorder.mark("a")  # after b
+    dist.barrier()
+    with pytest.raises(TimelineAssertionError):
+        recorder.timeline().assert_happens_before("a@0", "b@1")
+
+@pytest.mark.multirank(world_size=2)
 def test_unseen_collective_keeps_the_numbering(rank, recorder):
     # a collective the flight recorder holds is a gap, not a shift: later orders still hold
     pg = dist.distributed_c10d._get_default_group()
@@ -181,7 +204,7 @@ def test_unseen_collective_keeps_the_numbering(rank, recorder):
     assert not any(e.info.get("unsure") for e in tl.events)
 """,
     )
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
 
 
 def test_collectives_native_code_issues_are_recorded_and_order_nothing(pytester) -> None:

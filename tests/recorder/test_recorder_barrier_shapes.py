@@ -264,3 +264,83 @@ def test_a_thread_the_barrier_starts_synchronises_for_it(rank, recorder):
 """,
     )
     result.assert_outcomes(passed=2)
+
+
+def test_a_decorated_barrier_spans_what_its_call_returns(pytester) -> None:
+    """A plain decorator in front of a coroutine or @contextmanager function: recorded over the
+    call that makes the coroutine or the manager, rank 0's barrier 'ended' before rank 1's b
+    although it returned after it (a false proof)."""
+    result = run(
+        pytester,
+        """
+import functools
+
+def traced(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+class Strategy:
+    @traced
+    async def barrier(self, flag):
+        if flag is not None:
+            await asyncio.to_thread(wait_for, flag)
+
+    @traced
+    @contextlib.contextmanager
+    def entered(self, flag):
+        if flag is not None:
+            wait_for(flag)
+        yield
+
+    @contextlib.contextmanager
+    def idle(self):
+        yield
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("shape", ["coroutine", "manager"])
+def test_inverted_order_refused(rank, recorder, shared_tmp_path, shape):
+    flag = shared_tmp_path / "b-done"
+    recorder.instrument_barrier(Strategy, "barrier" if shape == "coroutine" else "entered")
+    if rank == 0:
+        # made first, run after the all-reduce: its body waits for rank 1's b
+        made = Strategy().barrier(flag) if shape == "coroutine" else Strategy().entered(flag)
+        dist.all_reduce(torch.ones(1))
+        if shape == "coroutine":
+            asyncio.run(made)
+        else:
+            with made:
+                pass
+    else:
+        dist.all_reduce(torch.ones(1))
+        recorder.mark("b")
+        flag.write_text("done")
+    tl = recorder.timeline()
+    with pytest.raises(TimelineAssertionError):
+        tl.assert_happens_before(("barrier" if shape == "coroutine" else "entered") + "@0", "b@1")
+
+@pytest.mark.multirank(world_size=2)
+def test_a_manager_used_as_a_decorator_is_recorded_at_each_call(rank, recorder):
+    recorder.instrument_barrier(Strategy, "idle")
+
+    @Strategy().idle()
+    def work():
+        recorder.mark("work")
+
+    work()
+    work()
+    tl = recorder.timeline()
+    assert len(tl.spans("idle")) == 4
+    assert [nb.reason for nb in tl.noop_barriers()] == [NOOP] * 4
+
+def test_a_special_method_of_one_object_is_refused(recorder):
+    class Barrier:
+        def __call__(self):
+            pass
+
+    with pytest.raises(TypeError, match="Python looks special methods up on the class"):
+        recorder.instrument_barrier(Barrier(), "__call__")
+""",
+    )
+    result.assert_outcomes(passed=4)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
 from collections.abc import Set
 from dataclasses import dataclass, field
 
@@ -796,6 +797,11 @@ def _stack_lines(f: RunFailure) -> list[str]:
 
 
 _HARNESS = os.path.join("pytest_ddphooks", "")
+_DETAIL_CRASH = (
+    "TORCH_DISTRIBUTED_DEBUG=DETAIL is set: with it torch 2.13 crashes (SIGSEGV) building DDP in a process"
+    " forked from one that had loaded torch.distributed, as ranks here are (torch.multiprocessing with"
+    " start_method='fork' crashes the same): unset it for this test"
+)
 
 
 def _harness_thread(t: ThreadStack) -> bool:
@@ -808,6 +814,8 @@ def _died_lines(rf: RankFailure) -> list[str]:
     if rf.result is None:
         when = " in a fixture's teardown, after its body passed" if rf.in_teardown else " before it could report"
     lines = [f"rank {rf.rank} died: {_exit_words(rf.exit)}{when}"]
+    if getattr(rf.exit, "signal", None) == signal.SIGSEGV and os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL":
+        lines.append(f"  {_DETAIL_CRASH}")
     if rf.fatal:
         lines.extend("  " + ln for ln in rf.fatal)
     elif rf.stderr_tail:

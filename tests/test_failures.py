@@ -211,6 +211,33 @@ def test_a_rank_that_dies_is_named_and_the_others_stop_at_once(inner, how: str) 
     assert ran.seconds < 20, "the others must be stopped at once, not at the 60 s limit"
 
 
+@pytest.mark.parametrize("detail", [True, False], ids=["detail", "plain"])
+def test_a_rank_crashed_under_detail_debugging_is_told_why(
+    inner, monkeypatch: pytest.MonkeyPatch, detail: bool
+) -> None:
+    """torch 2.13 crashes building DDP in a forked process under TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+    if detail:
+        monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    else:
+        monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
+    ran = inner(
+        """
+        import os
+        import signal
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_crash(rank):
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGSEGV)
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("rank 1 died: killed by SIGSEGV before it could report")
+    hint = "TORCH_DISTRIBUTED_DEBUG=DETAIL is set: with it torch 2.13 crashes (SIGSEGV) building DDP"
+    assert (hint in ran.text) is detail
+
+
 def test_a_rank_that_lost_its_peer_shows_a_short_traceback_unless_long_is_asked_for(inner) -> None:
     source = """
         import pytest

@@ -558,7 +558,8 @@ class Timeline:
             elif self._only_alone(s):
                 reason = "issued only collectives on groups of this rank alone, which wait for nobody"
             elif self._only_unwaited(s):
-                reason = "issued only asynchronous collectives, and waited for none of them before it returned"
+                calls = "sends or receives" if all(i.key[0] == "p" for i in self._inside(s)) else "collectives"
+                reason = f"issued only asynchronous {calls}, and waited for none of them before it returned"
             elif self._only_empty(s):
                 reason = "issued only collectives on tensors with no element, which wait for nobody"
             else:

@@ -978,7 +978,9 @@ def test_only_posted(rank, recorder):
     recorder.instrument_barrier(strategy, "posting")
     strategy.posting()
     strategy.work.wait()
-    assert [nb.rank for nb in recorder.timeline().noop_barriers()] == [0, 1]
+    assert [nb.reason for nb in recorder.timeline().noop_barriers()] == [
+        "issued only asynchronous sends or receives, and waited for none of them before it returned"
+    ] * 2
 
 @pytest.mark.multirank(world_size=2)
 def test_a_receive_waited_inside_is_no_noop_for_the_receiver(rank, recorder):

@@ -115,7 +115,7 @@ def _plain_call(span: _Span) -> _Call:
             raise
         # what a decorated coroutine, generator or @contextmanager function returns runs later:
         # the span goes on over that
-        body = _body_of(span, result, started, lambda: call(fn, args, kwargs))
+        body = _body_of(span, result, started, (call, fn, args, kwargs))
         if body is None:
             span.end(*started, None)
             return result
@@ -124,9 +124,9 @@ def _plain_call(span: _Span) -> _Call:
     return call
 
 
-def _body_of(span: _Span, result: Any, started: Started, again: Callable[[], Any]) -> Any:
+def _body_of(span: _Span, result: Any, started: Started, call: tuple[_Call, Any, Any, Any]) -> Any:
     """What stands for ``result`` so that the span ends with the body it holds; None when it
-    holds none (``again``: the call anew, for a context manager used as a decorator)."""
+    holds none (``call``: how to make the call anew, for a context manager used as a decorator)."""
     if inspect.iscoroutine(result):
         return _awaited(span, result, started)
     if inspect.isgenerator(result):
@@ -135,7 +135,7 @@ def _body_of(span: _Span, result: Any, started: Started, again: Callable[[], Any
         return _async_steps(span, result, started)
     if isinstance(result, _CONTEXT_MANAGERS) and _spans_body(span, result, started):
         # used as a decorator, it makes a manager anew for each call: each is a call of its own
-        result._recreate_cm = again  # type: ignore[method-assign]
+        result._recreate_cm = functools.partial(*call)  # type: ignore[method-assign, misc]
         return result
     return None
 

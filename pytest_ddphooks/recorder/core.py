@@ -118,11 +118,13 @@ class Recorder(EventLog):
         if not self._active:
             active.activate(self)
             self._active = True
+            distpatch.take_over_groups(self)
         return self
 
     def close(self) -> None:
         """Undo every instrumentation and stop recording torch.distributed calls."""
         self._closed = True
+        self.close_gaps()
         if self.gaps_found():
             self.read_native()  # a send among them would shift the next log's numbering too
         self.carry_numbering()
@@ -161,14 +163,12 @@ class Recorder(EventLog):
             judged = self.gaps_found()  # found before the dump: their calls are in it, if collectives
             self.add_native(self._native.read(self))
             self.native_read()
-            # a gap a send or receive found is judged by what the flight recorder lacks (one before a
-            # collective, by the collective's own entry, ``native_number``)
-            unexplained = [gap for gap in judged if gap[1] and (gap[4] or not self._native.held_any)]
+            unexplained = [gap for gap in judged if len(gap[1]) > gap[2]]
             if unexplained:
                 # torch counts a call on a group before it writes the call's flight-recorder entry
                 # (from the issuing thread, a moment later): look again once the youngest gap is
                 # old enough for its entries to be there, if collectives
-                wait = _ENTRY_GRACE_S - (time.monotonic() - max(gap[3] for gap in unexplained))
+                wait = _ENTRY_GRACE_S - (time.monotonic() - max(gap[4] for gap in unexplained))
                 if wait > 0:
                     time.sleep(wait)
                 self.add_native(self._native.read(self))

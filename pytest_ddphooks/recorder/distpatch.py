@@ -256,6 +256,19 @@ def _known_group(rec: EventLog, pg: Any, world: Any) -> tuple[Any, str, str, Any
     return known
 
 
+def take_over_groups(rec: EventLog) -> None:
+    """A recorder that begins while the default group exists counts its calls from here (or
+    from where the last recorder left it): a send or receive unseen from here on is a gap."""
+    world = _default_group()
+    if world is None:
+        return
+    try:
+        _, key, _, _ = _known_group(rec, world, world)
+    except Exception:
+        return  # a group that cannot be described now is taken as its calls find it
+    rec.took_over(key, _counter(world))
+
+
 def _default_group() -> Any:
     """``GroupMember.WORLD``, read without the two properties in front of it."""
     try:

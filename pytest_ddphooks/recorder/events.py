@@ -315,12 +315,6 @@ def to_events_and_threads(
     lost: dict[str, str] = {}  # group -> why the rank's calls on it from here are unsure
     unsure_calls: dict[int, str] = {}  # call id -> why
     records = in_time_order(list(records))
-    # group -> (the number from which its collectives are unsure, why): wherever the record is
-    renumbered = {
-        str(r[6]["group"]): (int(r[6]["from_seq"]), str(r[6].get("unsure")))
-        for r in records
-        if r[3] == UNSURE and r[6] and "from_seq" in r[6]
-    }
     for call_id, t_ns, lane, kind, phase, name, info in records:
         if kind == META:
             lanes[lane] = name
@@ -328,16 +322,12 @@ def to_events_and_threads(
                 idents[lane] = int(info["ident"])
             continue
         if kind == UNSURE:
-            if info and "from_seq" not in info:
+            if info:
                 lost.setdefault(str(info.get("group")), str(info.get("unsure")))
             continue
         if kind in WATCH_ONLY:
             continue
-        if renumbered and kind == COLLECTIVE and phase == START and info and str(info.get("group")) in renumbered:
-            since, why = renumbered[str(info["group"])]
-            if int(info.get("seq") or 0) >= since:
-                unsure_calls[call_id] = why
-        if (lost or unsure_calls) and kind in (COLLECTIVE, P2P):
+        if lost and kind in (COLLECTIVE, P2P):
             info = _made_unsure(info, phase, call_id, lost, unsure_calls)
         events.append(Event(rank, len(events), lane, kind, phase, name, t_ns, call_id, info or {}))
     return events, lanes, idents

@@ -26,20 +26,16 @@ _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
 # an asynchronous call waiting for its completion: (its Work, call id, name, start info, static info)
 Pending = tuple[Any, int, str, dict[str, Any], Any]
 # per group, how the last log that saw it left its numbering: (the counter after its last recorded
-# call, the offset of this rank's sends and receives, why it was untrusted)
-_carried: weakref.WeakKeyDictionary[Any, tuple[int, int, str | None]] = weakref.WeakKeyDictionary()
-# a gap: its group, its op_ids no flight-recorder entry was read for yet, when the last recorded
-# call before it ended (time_ns), when it was found (monotonic), whether a send or receive found it
-Gap = tuple[str, set[int], int, float, bool]
+# call, the offset of this rank's sends and receives, why it was untrusted, why its numbering was lost)
+_carried: weakref.WeakKeyDictionary[Any, tuple[int, int, str | None, str | None]] = weakref.WeakKeyDictionary()
+# a gap: its group, its op_ids no flight-recorder entry was read for yet, how many of them may be
+# missing (a recorded call's own sends and receives), when the last recorded call before it ended
+# (time_ns), when it was found (monotonic)
+Gap = tuple[str, set[int], int, int, float]
 _NUMBERING_LOST = (
     "a call on the group that neither the recorder nor torch's flight recorder saw (a send or receive issued"
     " through torch.ops.c10d, say) moved this rank's count of the group's calls, so its later calls there have"
     " no place in the group's sequence anyone can be sure of"
-)
-_NUMBERING_SHIFTED = (
-    "a send or receive the recorder did not see (issued through torch.ops.c10d, say) moved this rank's count of"
-    " the group's calls: torch's flight recorder numbers the collective differently, so this rank's calls there"
-    " from it on have no place in the group's sequence anyone can be sure of"
 )
 _NUMBERING_UNKNOWN = (
     "a call on the group the recorder did not see moved this rank's count of the group's calls, and torch's"
@@ -102,7 +98,6 @@ class _GroupCounter:
         "calls",
         "expected",
         "in_flight",
-        "inherited",
         "offset",
         "open",
         "overlapped",
@@ -113,9 +108,6 @@ class _GroupCounter:
         self.offset = 0  # how far this rank's own sends and receives advanced it
         self.expected: int | None = None  # its value after the last recorded call
         self.anchor_ns = 0  # when ``expected`` was last set: where a gap after it begins
-        # ``expected`` came from before this log (the group's start, an earlier log's last call):
-        # the calls of the first gap ran outside it, to be judged, not recorded
-        self.inherited = False
         self.in_flight: int | None = None  # its value when a recorded call that has not returned began
         self.calls = 0  # recorded calls, for a group whose counter cannot be read
         self.open = 0  # recorded calls on the group running now (on any thread)
@@ -169,10 +161,6 @@ class EventLog:
         # read for yet; per group, the op_id up to which every entry was read, and those read above
         self._gaps_unread: list[Gap] = []
         self._numbering_lost: dict[str, str] = {}  # group -> why this rank lost its numbering (``judge_gaps``)
-        self._offset_base: dict[str, int] = {}  # group -> its offset when this log took it over (``first_seen``)
-        # group -> a counter value after which its numbering is to be checked against the flight
-        # recorder's (``native_number``): its first collective past it, once read, settles it
-        self._suspect: dict[str, int] = {}
         self._native_upto: dict[str, int] = {}
         self._native_above: dict[str, set[int]] = {}
         self._incarnation_starts: list[int] = []  # when each incarnation after the first began (time_ns)
@@ -416,37 +404,34 @@ class EventLog:
         state.in_flight = counter
         return counter - state.offset + 1, unseen, unsure
 
-    def _gap_before(self, group: str, state: _GroupCounter, counter: int, at_p2p: bool = False) -> int:
+    def _gap_before(self, group: str, state: _GroupCounter, counter: int) -> int:
         """How many calls on ``group`` went unseen before a recorded one found its counter at
-        ``counter``; they are noted as a gap, for the flight recorder to explain (``at_p2p``: the
-        recorded call is a send or receive, which the flight recorder does not hold)."""
-        if state.expected is None:
-            # a group this log first sees now, created before it: what ran on it since it began at
-            # 0 ran outside this log (the flight recorder's number of its first collective tells
-            # whether a send among it moved this rank's count, ``native_number``)
-            state.expected, state.anchor_ns, state.inherited = 0, self.born_ns, True
-        unseen = counter - state.expected if counter > state.expected else 0
+        ``counter``; they are noted as a gap, for the flight recorder to explain."""
+        unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
         if not unseen or state.open > 1:
             # other threads' recorded calls running on the group may have counted already: which
             # numbers, if any, went unseen cannot be told (a gap here made one of them a phantom)
             return 0
-        if state.inherited:
-            self._suspect.setdefault(group, counter)
-            return 0
+        assert state.expected is not None
         self._gaps.setdefault(group, []).append((state.expected + 1, counter))  # native calls: events
-        # the flight recorder keeps the last 2,000 entries: the tail of a long gap is what it can hold
         read = self._native_upto.get(group, 0)  # what an earlier read already found there is explained
-        tracked = set(range(max(state.expected, read, counter - _TRACKED_GAP) + 1, counter + 1))
-        tracked -= self._native_above.get(group, set())
-        if tracked:
-            self._gaps_unread.append((group, tracked, state.anchor_ns, time.monotonic(), at_p2p))
+        self._to_explain(group, range(max(state.expected, read) + 1, counter + 1), 0, state.anchor_ns)
         return unseen
+
+    def _to_explain(self, group: str, op_ids: range, own: int, anchor_ns: int) -> None:
+        """Calls on ``group`` that left its counter at ``op_ids``, of which ``own`` were the
+        sends and receives of the recorded call whose window they are: every other one must be
+        a collective, which the flight recorder holds (``judge_gaps``)."""
+        # the flight recorder keeps the last 2,000 entries: the tail of a long gap is what it can hold
+        tracked = set(op_ids[-_TRACKED_GAP:]) - self._native_above.get(group, set())
+        if len(tracked) > own:
+            self._gaps_unread.append((group, tracked, own, anchor_ns, time.monotonic()))
 
     def p2p_began(self, group: str, counter: int | None) -> None:
         """A recorded send, receive or monitored barrier found the group's counter at
         ``counter``: a call unseen before it is a gap, as before a collective."""
         if counter is not None:
-            self._gap_before(group, self._counter_of(group), counter, at_p2p=True)
+            self._gap_before(group, self._counter_of(group), counter)
 
     def gaps_found(self) -> list[Gap]:
         """The gaps no read has explained yet (their calls were issued already)."""
@@ -455,55 +440,28 @@ class EventLog:
     def judge_gaps(self, judged: list[Gap], reliable_from: dict[str, int] | None, held_any: bool = True) -> None:
         """After a read of the flight recorder, which holds every collective issued (the last
         2,000; ``reliable_from``: per group, the lowest op_id it still held, when it had let
-        older ones go, else None) and no send or receive. Before a collective, the flight
-        recorder's own number of it tells whether its numbering holds (``native_number``); a
-        gap before a send or receive that holds a call it did not hold was a send or receive
-        issued where the recorder cannot see it (``torch.ops.c10d.send``): it may have taken
-        a message the next recorded one is numbered for, so the rank's later calls on the
-        group pair with nothing. A flight recorder that held nothing at all (``held_any``;
-        switched off) tells nothing: every gap is such a call, as far as anyone knows."""
-        settled = []
-        for gap in judged:
-            group, missing, anchor_ns, _, at_p2p = gap
-            if held_any and not at_p2p:
-                continue  # left to be read: what native code issued there becomes events when it is
-            settled.append(gap)
-            if not missing or group in self._numbering_lost:
+        older ones go, else None) and no send or receive: a call of a gap it did not hold (past
+        the recorded call's own sends and receives, in a call's window) was a send or receive
+        issued where the recorder cannot see it (``torch.ops.c10d.send``, another thread's). It
+        moved the group's counter on this rank alone, so the rank's later calls on the group
+        cannot be numbered for sure, and pair with nothing. A flight recorder that held nothing
+        at all (``held_any``; switched off) tells nothing: every gap is such a call, as far as
+        anyone knows."""
+        for group, missing, own, anchor_ns, _ in judged:
+            if len(missing) <= own or group in self._numbering_lost:
                 continue
             floor = 0 if reliable_from is None else reliable_from.get(group)
-            if floor is None:
-                continue  # the flight recorder holds nothing of the group any more: cannot tell
-            if [op_id for op_id in missing if op_id >= floor]:
-                # from where the gap began: what was numbered after it may be shifted
-                self._lose_numbering(group, _NUMBERING_LOST if held_any else _NUMBERING_UNKNOWN, anchor_ns + 1)
-        done = {id(gap) for gap in settled}
+            if floor is None or min(missing) < floor:
+                continue  # the flight recorder let some of them go: cannot tell
+            # from where the gap began: what was numbered after it may be shifted
+            self._lose_numbering(group, _NUMBERING_LOST if held_any else _NUMBERING_UNKNOWN, anchor_ns + 1)
+        done = {id(gap) for gap in judged}
         self._gaps_unread = [gap for gap in self._gaps_unread if id(gap) not in done]
 
-    def native_number(self, group: str, op_id: int, number: int) -> None:
-        """The flight recorder numbers the collectives of a group alone (``collective_seq_id``),
-        which every member agrees on; the recorder's number of the collective that left the
-        counter at ``op_id`` must be the same. When it is not, a send or receive the recorder
-        did not see moved this rank's count: its calls on the group numbered from there (this
-        one on) pair with nothing, and the numbering it leaves to the next log is set right."""
-        if op_id > self._suspect.get(group, op_id):
-            del self._suspect[group]  # checked here, past what made it suspect
-        mine = self.seq_of(group, op_id)
-        if mine is None or mine == number or group in self._numbering_lost:
-            return
-        self._lose_numbering(group, _NUMBERING_SHIFTED, 0, from_seq=min(mine, number))
-        state = self._counters.get(group)
-        if state is not None:
-            state.offset += mine - number
-            self._offset_changes.setdefault(group, []).append((op_id, state.offset))
-
-    def _lose_numbering(self, group: str, why: str, t_ns: int, from_seq: int | None = None) -> None:
-        """From ``t_ns`` on (or, with ``from_seq``, from that number on), the rank's calls on
-        ``group`` have no number anyone can be sure of."""
+    def _lose_numbering(self, group: str, why: str, t_ns: int) -> None:
+        """From ``t_ns`` on, the rank's calls on ``group`` have no number anyone can be sure of."""
         self._numbering_lost[group] = why
-        info: dict[str, Any] = {"group": group, "unsure": why}
-        if from_seq is not None:
-            info["from_seq"] = from_seq
-        self._write((next(self._ids), t_ns, self._lane(), events.UNSURE, POINT, group, info))
+        self._write((next(self._ids), t_ns, self._lane(), events.UNSURE, POINT, group, {"group": group, "unsure": why}))
 
     def first_seen(self, group: str, pg: Any) -> None:
         """A group this log describes for the first time: one an earlier log saw (under
@@ -516,9 +474,28 @@ class EventLog:
         except TypeError:
             return
         if carried is not None:
-            state.expected, state.offset, state.untrusted = carried
-            state.anchor_ns, state.inherited = self.born_ns, True
-            self._offset_base[group] = state.offset
+            state.expected, state.offset, state.untrusted, lost = carried
+            state.anchor_ns = self.born_ns
+            if lost is not None:
+                self._lose_numbering(group, lost, self.born_ns)
+
+    def took_over(self, group: str, counter: int | None) -> None:
+        """This log begins with ``group`` at ``counter``, unless an earlier log left it a count."""
+        state = self._counter_of(group)
+        if state.expected is None and counter is not None:
+            state.expected, state.anchor_ns = counter, self.born_ns
+
+    def close_gaps(self) -> None:
+        """At the end: what ran on each group after its last recorded call is a gap too (the
+        next log that sees the group goes on from here)."""
+        for pg, key, *_ in tuple(self.described_groups.values()):
+            state = self._counters.get(key)
+            counter = group_counter(pg)
+            if state is None or counter is None or state.open:
+                continue
+            self._gap_before(key, state, counter)
+            if state.expected is not None:
+                state.expected = max(state.expected, counter)
 
     def carry_numbering(self) -> None:
         """Leave each group's numbering for the next log that sees it."""
@@ -527,7 +504,7 @@ class EventLog:
             if state is None or state.expected is None:
                 continue
             with contextlib.suppress(TypeError):
-                _carried[pg] = (state.expected, state.offset, state.untrusted)
+                _carried[pg] = (state.expected, state.offset, state.untrusted, self._numbering_lost.get(key))
 
     def opened(self, group: str) -> None:
         """A recorded call on ``group`` is about to read the group's counter and run
@@ -589,13 +566,12 @@ class EventLog:
             state.overlapped = False
         if before is None or after is None:
             return
-        state.expected, state.anchor_ns, state.inherited = after, time.time_ns(), False
+        own = None if failed else (ops if p2p else 1)  # what the call itself moves it by, when known
+        if own is not None and after - before > own and not overlapped:
+            # more than itself: another thread's call ran beside it, unseen (a send would shift the count)
+            self._to_explain(group, range(before + 1, after + 1), own if p2p else 0, state.anchor_ns)
+        state.expected, state.anchor_ns = after, time.time_ns()
         state.in_flight = None
-        if after - before != (ops if p2p and ops is not None else 1) or (p2p and ops is None):
-            # the count moved by more (or less) than this call alone: calls unseen beside it (another
-            # thread's send?), nested ones, or a monitored barrier's parts; the flight recorder's
-            # numbers of the next collectives tell whether the numbering still holds (``native_number``)
-            self._suspect.setdefault(group, after)
         if p2p:
             if ops is not None and not failed:
                 # never what the counter moved by: another thread's calls move it too
@@ -715,7 +691,7 @@ class EventLog:
         call and the last flight-recorder entry read for it. When not, the flight recorder
         holds nothing ``unseen`` would take, and is not read (a dump of its 2,000 entries
         costs up to 90 ms)."""
-        if self._gaps_unread or self._suspect:
+        if self._gaps_unread:
             return True
         # copied at once: the watchdog's ask thread reads while the rank's threads record
         groups = {key: pg for pg, key, *_ in tuple(self.described_groups.values())}
@@ -740,7 +716,7 @@ class EventLog:
             for key, missing, *_ in self._gaps_unread:
                 if key == group:
                     missing.discard(op_id)
-            self._gaps_unread = [gap for gap in self._gaps_unread if gap[1]]
+            self._gaps_unread = [gap for gap in self._gaps_unread if len(gap[1]) > gap[2]]
         if op_id > self._native_upto.get(group, 0):
             self._native_above.setdefault(group, set()).add(op_id)
 
@@ -771,7 +747,7 @@ class EventLog:
     def seq_of(self, group: str, op_id: int) -> int | None:
         """The recorder's number of the collective that left ``group``'s counter at ``op_id``."""
         changes = self._offset_changes.get(group, [])
-        offset = self._offset_base.get(group, 0)
+        offset = 0
         for after, value in changes:
             if after < op_id:
                 offset = value

@@ -130,8 +130,6 @@ class NativeCalls:
             return []  # issued before this log existed (under torchrun, an earlier test's)
         op_id = int(entry.get("op_id", 0))
         log.native_entry(group, op_id)  # a collective, even one not named below: it took its number
-        if entry.get("collective_seq_id"):
-            log.native_number(group, op_id, int(entry["collective_seq_id"]))
         op = _OPS.get(kind)
         if op is None or not log.unseen(group, op_id):
             return []  # a call the recorder saw, or one nested in it (broadcast_object_list's)

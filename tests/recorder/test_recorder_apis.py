@@ -132,7 +132,7 @@ def test_unseen_pair_shifts_no_barrier(rank, recorder, shared_tmp_path):
     tl = recorder.timeline()
     with pytest.raises(TimelineAssertionError) as refused:
         tl.assert_happens_before("a@2", "b@0")
-    assert "torch's flight recorder numbers the collective differently" in " ".join(str(refused.value).split())
+    assert "nor torch's flight recorder saw" in " ".join(str(refused.value).split())
 
 @pytest.mark.multirank(world_size=2)
 def test_unseen_send_shifts_no_message(rank, recorder, shared_tmp_path):

@@ -289,18 +289,17 @@ def test_a_flight_recorder_entry_written_late_is_read_when_it_appears(
             dist.all_reduce(t)  # 3: finds the gap where 2 is
         else:
             as_native_code_calls_it()  # 3, its entry written before 2's
-        if late_for == 1:  # there at the next read: read then, and the numbering holds
-            assert native_seqs(rec) == []
+        if late_for == 1:  # there at the second look: read, and the numbering holds
             assert native_seqs(rec) == [2]
             recorded = [e for e in rec.events if e.name == "dist.all_reduce" and e.phase == "start"]
             assert [e.info.get("seq") for e in recorded if not e.info.get("native")] == [1, 3]
             return
         assert native_seqs(rec) == ([] if then == "recorded" else [3])
         if then == "recorded":
-            # missing at both looks: not shown, but the recorded call's own entry numbers it as the
-            # recorder did (a collective filled the gap, not a send): the numbering holds
+            # missing at both looks: for all anyone knows a send, which moved this rank's count
+            # alone: the calls after it have no number
             third = [e for e in rec.timeline().for_rank(0) if e.name == "dist.all_reduce" and e.phase == "start"][1]
-            assert third.info["seq"] == 3 and "unsure" not in third.info
+            assert "seq" not in third.info and "flight recorder saw" in third.info["unsure"]
             return
         not_yet.clear()
         written_late.add(2)

@@ -2,8 +2,11 @@
 
 A target is an object (only that object is affected: the wrapper is set on it) or a class
 (every instance: the class attribute is replaced, staticmethods and classmethods keep their
-kind). A framework barrier also records whether a process group existed and how many
-collectives its thread issued while inside, which is what makes a no-op barrier visible.
+kind). A call is recorded over what it runs: a coroutine over its awaited body, a generator
+over its steps, a ``@contextmanager`` over the ``with`` statement (also when a plain function,
+a decorator's wrapper, returns one of those). A framework barrier also records whether a
+process group existed, which threads were running, and how many collectives its own code
+issued while inside (``log.counting``), which is what makes a no-op barrier visible.
 Wrapping the same method of the same target the same way twice records once.
 """
 

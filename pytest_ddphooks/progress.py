@@ -39,6 +39,7 @@ class _Rank:
     placed: int | None = None  # its rank in the default group, as its latest init_process_group returned
     count: int = 0  # events recorded
     off_main: set[int] = field(default_factory=set)  # call ids open on a thread other than the main one
+    lost: set[str] = field(default_factory=set)  # groups whose numbering it lost (``EventLog.judge_gaps``)
 
 
 JOIN = "join"  # what init_process_group and new_group wait for: every rank's call of it
@@ -106,7 +107,9 @@ class RankProgress:
             if waiting is not None and waiting != call_id:
                 # the lane went on: native code waited for its call, or will later
                 state.inside.pop(state.native.pop(lane), None)
-            if kind == events.FIRED:
+            if kind == events.UNSURE:
+                self._lost(state, str((info or {}).get("group")))
+            elif kind == events.FIRED:
                 state.fired.append(dict(info or {}))
             elif kind == events.COUNTERS:
                 state.final = {str(k): int(v) for k, v in (info or {}).items()}
@@ -133,6 +136,17 @@ class RankProgress:
                     state.inside.pop(call_id, None)
 
     @staticmethod
+    def _lost(state: _Rank, group: str) -> None:
+        """The rank's numbers of ``group`` may be shifted (an unseen send): none of them is
+        compared with another rank's, in the calls it is in or made, or in those to come."""
+        state.lost.add(group)
+        numbered = [k for k, v in state.inside.items() if v.get("group") == group and v.get("seq")]
+        for call_id in numbered:
+            state.inside.pop(call_id, None)
+        for key in [k for k, v in state.entered.items() if str(v.get("group", k[1])) == group]:
+            del state.entered[key]
+
+    @staticmethod
     def _join(state: _Rank, call_id: int, phase: str, info: dict[str, Any]) -> None:
         """init_process_group returns once every rank joined the group, and new_group once
         every rank of the default group called it (unless only its members synchronise): a
@@ -148,7 +162,7 @@ class RankProgress:
     def _call(state: _Rank, call_id: int, kind: str, phase: str, info: dict[str, Any]) -> None:
         sync = info.get("sync")
         if phase == events.START:
-            if not info.get("effective", True):
+            if not info.get("effective", True) or str(info.get("group")) in state.lost:
                 return
             if kind == events.COLLECTIVE and info.get("seq"):
                 state.entered[collective_key(info)] = info

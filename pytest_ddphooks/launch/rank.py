@@ -208,7 +208,7 @@ def _answer_asks(path: str, stacks: str, recorder: Recorder) -> None:
                 if ASK_STACKS in what:
                     write_python_stacks(stacks)
                 if ASK_NATIVE in what:
-                    recorder.read_native()
+                    recorder.read_native(grace=False)  # the watch is waiting for the answer
 
     threading.Thread(target=serve, name="ddphooks-native", daemon=True).start()
 
@@ -355,7 +355,7 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
             rank_cov = ctx.measured.cov
             result = body(ctx)
             result.measured = coverage_relay.measured_by(rank_cov)
-            recorder.read_native()
+            recorder.read_native(grace=False)  # the watch takes a rank lingering here for one that waits
             recorder.write_final_counters()
         except BaseException as exc:
             result = _harness_failure(rank, exc)

@@ -126,7 +126,9 @@ class Recorder(EventLog):
         self._closed = True
         self.close_gaps()
         if self.gaps_found():
-            self.read_native()  # a send among them would shift the next log's numbering too
+            # a send among them would shift the next log's numbering too; no waiting here (the
+            # watch takes a rank that lingers at its end for one that waits)
+            self.read_native(grace=False)
         self.carry_numbering()
         self.let_go()
         while self._undo:
@@ -154,9 +156,9 @@ class Recorder(EventLog):
         """This rank's events so far."""
         return events.to_events(self.rank, self._raw)[0]
 
-    def read_native(self) -> None:
+    def read_native(self, grace: bool = True) -> None:
         """Add what native code issued since the last look (DDP's reducer, compiled graphs),
-        from torch's flight recorder."""
+        from torch's flight recorder (``grace``: an unexplained gap is looked for again)."""
         with self._native_lock:  # the ask thread and the body may both read
             if not self.native_may_have_issued():
                 return
@@ -164,7 +166,7 @@ class Recorder(EventLog):
             self.add_native(self._native.read(self))
             self.native_read()
             unexplained = [gap for gap in judged if len(gap[1]) > gap[2]]
-            if unexplained:
+            if unexplained and grace:
                 # torch counts a call on a group before it writes the call's flight-recorder entry
                 # (from the issuing thread, a moment later): look again once the youngest gap is
                 # old enough for its entries to be there, if collectives

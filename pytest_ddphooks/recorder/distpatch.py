@@ -251,22 +251,28 @@ def _known_group(rec: EventLog, pg: Any, world: Any) -> tuple[Any, str, str, Any
         else:
             key = rec.key_for_group(_group_name(pg, world), pg)
             known = (pg, key, "ranks", list(_dist().get_process_group_ranks(pg)))
+            rec.knows_group(key, known[3])
         rec.described_groups[id(pg)] = known
         rec.first_seen(known[1], pg)
     return known
 
 
 def take_over_groups(rec: EventLog) -> None:
-    """A recorder that begins while the default group exists counts its calls from here (or
-    from where the last recorder left it): a send or receive unseen from here on is a gap."""
+    """A recorder that begins while groups exist counts their calls from here (or from where the
+    last recorder left them): a send or receive unseen from here on is a gap."""
     world = _default_group()
     if world is None:
         return
     try:
-        _, key, _, _ = _known_group(rec, world, world)
+        groups = [world, *(pg for pg in _c10d_world.pg_map if pg is not world)]
     except Exception:
-        return  # a group that cannot be described now is taken as its calls find it
-    rec.took_over(key, _counter(world))
+        groups = [world]
+    for pg in groups:
+        try:
+            _, key, _, _ = _known_group(rec, pg, world)
+        except Exception:
+            continue  # a group that cannot be described now is taken as its calls find it
+        rec.took_over(key, _counter(pg))
 
 
 def _default_group() -> Any:

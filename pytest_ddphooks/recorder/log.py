@@ -26,8 +26,9 @@ _SYNC_KINDS = (events.COLLECTIVE, events.P2P)
 # an asynchronous call waiting for its completion: (its Work, call id, name, start info, static info)
 Pending = tuple[Any, int, str, dict[str, Any], Any]
 # per group, how the last log that saw it left its numbering: (the counter after its last recorded
-# call, the offset of this rank's sends and receives, why it was untrusted, why its numbering was lost)
-_carried: weakref.WeakKeyDictionary[Any, tuple[int, int, str | None, str | None]] = weakref.WeakKeyDictionary()
+# call, the offset of this rank's sends and receives, why it was untrusted, why its numbering was lost,
+# when that log left it)
+_carried: weakref.WeakKeyDictionary[Any, tuple[int, int, str | None, str | None, int]] = weakref.WeakKeyDictionary()
 # a gap: its group, its op_ids no flight-recorder entry was read for yet, how many of them may be
 # missing (a recorded call's own sends and receives), when the last recorded call before it ended
 # (time_ns), when it was found (monotonic)
@@ -96,6 +97,7 @@ class _GroupCounter:
     __slots__ = (
         "anchor_ns",
         "calls",
+        "episode",
         "expected",
         "in_flight",
         "offset",
@@ -108,6 +110,10 @@ class _GroupCounter:
         self.offset = 0  # how far this rank's own sends and receives advanced it
         self.expected: int | None = None  # its value after the last recorded call
         self.anchor_ns = 0  # when ``expected`` was last set: where a gap after it begins
+        # while recorded calls on the group run (one, or several on threads): [its counter when the
+        # first began, the collectives and the sends and receives they issued, all of them known,
+        # when it began (time_ns)]
+        self.episode: list[Any] | None = None
         self.in_flight: int | None = None  # its value when a recorded call that has not returned began
         self.calls = 0  # recorded calls, for a group whose counter cannot be read
         self.open = 0  # recorded calls on the group running now (on any thread)
@@ -160,6 +166,7 @@ class EventLog:
         # what the flight recorder must still be read for: per gap, the op_ids of it no entry was
         # read for yet; per group, the op_id up to which every entry was read, and those read above
         self._gaps_unread: list[Gap] = []
+        self._accept_from: dict[str, int] = {}  # group -> when the log that handed it over left it
         self._numbering_lost: dict[str, str] = {}  # group -> why this rank lost its numbering (``judge_gaps``)
         self._native_upto: dict[str, int] = {}
         self._native_above: dict[str, set[int]] = {}
@@ -408,6 +415,8 @@ class EventLog:
         """How many calls on ``group`` went unseen before a recorded one found its counter at
         ``counter``; they are noted as a gap, for the flight recorder to explain."""
         unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
+        if state.open == 1:  # the only recorded call on the group running: what runs meanwhile is judged at its end
+            state.episode = [counter, 0, 0, True, time.time_ns()]
         if not unseen or state.open > 1:
             # other threads' recorded calls running on the group may have counted already: which
             # numbers, if any, went unseen cannot be told (a gap here made one of them a phantom)
@@ -474,10 +483,19 @@ class EventLog:
         except TypeError:
             return
         if carried is not None:
-            state.expected, state.offset, state.untrusted, lost = carried
+            state.expected, state.offset, state.untrusted, lost, left_ns = carried
             state.anchor_ns = self.born_ns
+            self._accept_from[group] = left_ns  # what ran since explains the first gap (a fixture's barrier)
             if lost is not None:
                 self._lose_numbering(group, lost, self.born_ns)
+
+    def knows_group(self, group: str, ranks: list[int]) -> None:
+        """A group this log describes: what native code issues on it is its own (``native_group_key``)."""
+        self._group_ranks.setdefault(group, [int(r) for r in ranks])
+
+    def explains_from(self, group: str) -> int:
+        """The time from which the flight recorder's entries of ``group`` explain this log's gaps."""
+        return min(self.born_ns, self._accept_from.get(group, self.born_ns))
 
     def took_over(self, group: str, counter: int | None) -> None:
         """This log begins with ``group`` at ``counter``, unless an earlier log left it a count."""
@@ -504,7 +522,13 @@ class EventLog:
             if state is None or state.expected is None:
                 continue
             with contextlib.suppress(TypeError):
-                _carried[pg] = (state.expected, state.offset, state.untrusted, self._numbering_lost.get(key))
+                _carried[pg] = (
+                    state.expected,
+                    state.offset,
+                    state.untrusted,
+                    self._numbering_lost.get(key),
+                    time.time_ns(),
+                )
 
     def opened(self, group: str) -> None:
         """A recorded call on ``group`` is about to read the group's counter and run
@@ -543,6 +567,8 @@ class EventLog:
             if counter is None:
                 continue
             state = self._counters.get(key)
+            if key in self._numbering_lost:
+                continue  # its numbers are no one's to compare with
             out[key] = counter - (state.offset if state is not None else 0)
         return out
 
@@ -565,11 +591,22 @@ class EventLog:
         if not state.open:
             state.overlapped = False
         if before is None or after is None:
+            if not state.open:
+                state.episode = None
             return
-        own = None if failed else (ops if p2p else 1)  # what the call itself moves it by, when known
-        if own is not None and after - before > own and not overlapped:
-            # more than itself: another thread's call ran beside it, unseen (a send would shift the count)
-            self._to_explain(group, range(before + 1, after + 1), own if p2p else 0, state.anchor_ns)
+        episode = state.episode
+        if episode is not None:
+            if not p2p:
+                episode[1] += 1  # in the flight recorder, as what it nests (broadcast_object_list's)
+            elif ops is not None and not failed:
+                episode[2] += ops
+            else:
+                episode[3] = False  # a monitored barrier's parts, or a send that raised: how many is not known
+            if not state.open:
+                state.episode = None
+                if episode[3] and after - episode[0] > episode[1] + episode[2]:
+                    # more than the recorded calls: unseen ones ran beside them (a send would shift the count)
+                    self._to_explain(group, range(episode[0] + 1, after + 1), episode[2], episode[4] - 1)
         state.expected, state.anchor_ns = after, time.time_ns()
         state.in_flight = None
         if p2p:

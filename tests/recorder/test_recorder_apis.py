@@ -106,6 +106,19 @@ def wait_for(path):
         assert time.monotonic() < deadline
         time.sleep(0.01)
 
+def b_then_a_refused(rank, recorder, folder):
+    # after a barrier, rank 1 marks b, then rank 0 marks a (told through a file): a@0 -> b@1 is false
+    dist.barrier()
+    if rank == 1:
+        recorder.mark("b")
+        (folder / "b").write_text("done")
+    else:
+        wait_for(folder / "b")
+        recorder.mark("a")
+    dist.barrier()
+    with pytest.raises(TimelineAssertionError):
+        recorder.timeline().assert_happens_before("a@0", "b@1")
+
 def unseen_send(t, dst):
     pg = dist.distributed_c10d._get_default_group()
     torch.ops.c10d.send([t], pg.boxed(), dst, 0).wait()
@@ -178,16 +191,33 @@ def test_unseen_send_on_a_thread_inside_a_recorded_barrier_shifts_nothing(rank, 
     else:
         dist.recv(torch.zeros(2), src=1)
         dist.barrier()
-    dist.barrier()
+    b_then_a_refused(rank, recorder, shared_tmp_path)
+
+@pytest.mark.multirank(world_size=2)
+def test_unseen_send_while_two_recorded_receives_run_shifts_nothing(rank, recorder, shared_tmp_path):
     if rank == 1:
-        recorder.mark("b")
-        (shared_tmp_path / "b").write_text("done")
+        receivers = [threading.Thread(target=dist.recv, args=(torch.zeros(2), 0), kwargs={"tag": t}) for t in (3, 4)]
+        for receiver in receivers:
+            receiver.start()
+        unseen_send(torch.ones(2), 0)  # while the receives run: the count moves by a call of neither
+        for receiver in receivers:
+            receiver.join()
     else:
-        wait_for(shared_tmp_path / "b")
-        recorder.mark("a")  # after b
-    dist.barrier()
-    with pytest.raises(TimelineAssertionError):
-        recorder.timeline().assert_happens_before("a@0", "b@1")
+        dist.recv(torch.zeros(2), src=1)  # the unseen message
+        dist.send(torch.ones(2), dst=1, tag=3)
+        dist.send(torch.ones(2), dst=1, tag=4)
+    b_then_a_refused(rank, recorder, shared_tmp_path)
+
+@pytest.mark.multirank(world_size=2)
+def test_unseen_send_at_the_end_is_no_hang(rank, recorder):
+    # the watch numbers calls as they are made: once the rank judged its count lost, it compares none
+    pg = dist.distributed_c10d._get_default_group()
+    if rank == 1:
+        unseen_send(torch.ones(2), 0)
+    else:
+        dist.recv(torch.zeros(2), src=1)
+    dist.all_reduce(torch.ones(1))
+    torch.ops.c10d.barrier(torch.zeros(1), pg.boxed(), [], True, -1).wait()
 
 @pytest.mark.multirank(world_size=2)
 def test_unseen_collective_keeps_the_numbering(rank, recorder):
@@ -204,7 +234,7 @@ def test_unseen_collective_keeps_the_numbering(rank, recorder):
     assert not any(e.info.get("unsure") for e in tl.events)
 """,
     )
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=7)
 
 
 def test_collectives_native_code_issues_are_recorded_and_order_nothing(pytester) -> None:

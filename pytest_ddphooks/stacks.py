@@ -167,7 +167,7 @@ def dump_stacks(
         except FileNotFoundError:
             out[key] = Stacks()
         if key in deeper:
-            out[key] = _deepened(out[key], deeper[key][1], 0.5)
+            out[key] = _deepened(out[key], deeper[key][1], 2.0)  # only a stack cut short waits for it
     return out
 
 

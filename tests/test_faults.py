@@ -519,9 +519,10 @@ import subprocess
 
 @pytest.mark.multirank(world_size=2, restarts=1, timeout=60)
 def test_leaks_then_restarts(rank, faults, restart_count):
-    faults.kill(rank=1, at="dist.barrier#1")  # attempt 0 only
+    faults.kill(rank=1, at="dist.barrier#2")  # attempt 0 only
     if rank == 0 and restart_count == 0:
         subprocess.Popen(["sleep", "300"])
+    dist.barrier()  # rank 0 started its process before rank 1 leaves this
     dist.barrier()
 """,
     )

@@ -415,8 +415,13 @@ class EventLog:
         """How many calls on ``group`` went unseen before a recorded one found its counter at
         ``counter``; they are noted as a gap, for the flight recorder to explain."""
         unseen = counter - state.expected if state.expected is not None and counter > state.expected else 0
-        if state.open == 1:  # the only recorded call on the group running: what runs meanwhile is judged at its end
+        # what runs while recorded calls on the group are open is judged when the last ends; two
+        # threads may both have opened theirs before either read the counter: the lowest reading
+        # is where the episode begins
+        if state.episode is None or state.open == 1:
             state.episode = [counter, 0, 0, True, time.time_ns()]
+        elif counter < state.episode[0]:
+            state.episode[0] = counter
         if not unseen or state.open > 1:
             # other threads' recorded calls running on the group may have counted already: which
             # numbers, if any, went unseen cannot be told (a gap here made one of them a phantom)

@@ -537,50 +537,76 @@ class Timeline:
         for s in self._spans:
             if s.kind != events.BARRIER or s.end is None:
                 continue
-            if not s.end.info.get("collectives", 1):
-                if self._completed_on_other_threads(s):
-                    continue  # it had another thread synchronise for it, and waited for that
-                if any(inst.native for inst in self._inside(s)):
-                    continue  # it issued collectives through native code (torch.ops), which waits out of sight
-                if not s.start.info.get("group_existed", True):
-                    reason = "issued no collective: no process group existed"
-                elif self._only_queued(s):
-                    reason = (
-                        "issued no collective: it only queued some in a coalescing manager, which issued them"
-                        " after it returned"
-                    )
-                elif self._raised_before_issued(s):
-                    reason = "issued no collective: the ones it called raised before they reached the group"
-                else:
-                    reason = "issued no collective: the process group existed but no collective was called"
-            elif self._only_errored(s):
-                reason = "issued only collectives that raised, which synchronise nobody"
-            elif self._only_alone(s):
-                reason = "issued only collectives on groups of this rank alone, which wait for nobody"
-            elif self._only_unwaited(s):
-                calls = "sends or receives" if all(i.key[0] == "p" for i in self._inside(s)) else "collectives"
-                reason = f"issued only asynchronous {calls}, and waited for none of them before it returned"
-            elif self._only_empty(s):
-                reason = "issued only collectives on tensors with no element, which wait for nobody"
-            else:
-                continue
-            out.append(NoopBarrier(s.rank, s.name, s.start.index, reason))
+            reason = self._noop_reason(s, self._inside(s))
+            if reason is not None:
+                out.append(NoopBarrier(s.rank, s.name, s.start.index, reason))
         return out
+
+    def _noop_reason(self, barrier: Span, inside: list[Instance]) -> str | None:
+        """Why a framework barrier that issued ``inside`` synchronised nothing; None if it did."""
+        assert barrier.end is not None
+        if not barrier.end.info.get("collectives", 1):
+            if self._completed_on_other_threads(barrier):
+                return None  # it had another thread synchronise for it, and waited for that
+            if any(inst.native for inst in inside):
+                return None  # it issued collectives through native code (torch.ops), which waits out of sight
+            if not barrier.start.info.get("group_existed", True):
+                return "issued no collective: no process group existed"
+            if self._only_queued(barrier):
+                return (
+                    "issued no collective: it only queued some in a coalescing manager, which issued them"
+                    " after it returned"
+                )
+            if self._raised_before_issued(barrier):
+                return "issued no collective: the ones it called raised before they reached the group"
+            return "issued no collective: the process group existed but no collective was called"
+        if not inside:
+            return None
+        if all(inst.errored for inst in inside):
+            return "issued only collectives that raised, which synchronise nobody"
+        if len(self.ranks) > 1 and all(len(inst.members) == 1 for inst in inside):
+            # a world of one rank is alone by design: its barriers are none the worse for it
+            return "issued only collectives on groups of this rank alone, which wait for nobody"
+        end = barrier.end.index
+        if all(not inst.native and not _completed_before(inst, barrier.rank, end) for inst in inside):
+            calls = "sends or receives" if all(i.key[0] == "p" for i in inside) else "collectives"
+            return f"issued only asynchronous {calls}, and waited for none of them before it returned"
+        if all(inst.empty for inst in inside):
+            return "issued only collectives on tensors with no element, which wait for nobody"
+        return None
 
     def _inside(self, barrier: Span) -> list[Instance]:
         """The collectives (and sends and receives) the rank issued during a framework barrier."""
         assert barrier.end is not None
+        entered = self._entered_by_rank.get(barrier.rank, [])
+        lane = barrier.start.lane
+        begun = bisect_right(entered, (barrier.start.index, 1 << 62))
         inside = []
-        for inst in self.instances.values():
-            # a receive is in its pair's ends alone: where it returned (from a wait, or at once)
-            entered = inst.starts.get(barrier.rank) or inst.ends.get(barrier.rank)
-            if (
-                entered is not None
-                and entered.lane == barrier.start.lane
-                and barrier.start.index < entered.index < barrier.end.index
-            ):
-                inside.append(inst)
+        for index, at_lane, order in entered[begun:]:
+            if index >= barrier.end.index:
+                break
+            if at_lane == lane:
+                inside.append(self._entered_instances[order])
         return inside
+
+    @cached_property
+    def _entered_instances(self) -> list[Instance]:
+        return list(self.instances.values())
+
+    @cached_property
+    def _entered_by_rank(self) -> dict[int, list[tuple[int, int, int]]]:
+        """Rank -> (index, lane, instance's place in ``_entered_instances``) of where the rank
+        entered each collective, in order (a receive is in its pair's ends alone: where it
+        returned, from a wait or at once)."""
+        out: dict[int, list[tuple[int, int, int]]] = {}
+        for order, inst in enumerate(self._entered_instances):
+            for rank in {*inst.starts, *inst.ends}:
+                entered = inst.starts.get(rank) or inst.ends.get(rank)
+                if entered is not None:
+                    out.setdefault(rank, []).append((entered.index, entered.lane, order))
+        for calls in out.values():
+            calls.sort()
+        return out
 
     def _only_queued(self, barrier: Span) -> bool:
         """The barrier's thread called collectives a coalescing manager only queued."""
@@ -634,31 +660,6 @@ class Timeline:
         for calls in out.values():
             calls.sort()
         return out
-
-    def _only_unwaited(self, barrier: Span) -> bool:
-        inside = self._inside(barrier)
-        assert barrier.end is not None
-        end = barrier.end.index
-
-        def waited_inside(inst: Instance) -> bool:
-            done = inst.completion(barrier.rank)
-            return done is not None and done.index < end
-
-        return bool(inside) and all(not waited_inside(inst) and not inst.native for inst in inside)
-
-    def _only_empty(self, barrier: Span) -> bool:
-        inside = self._inside(barrier)
-        return bool(inside) and all(inst.empty for inst in inside)
-
-    def _only_alone(self, barrier: Span) -> bool:
-        """A rank among others synchronised only with itself (a world of one rank is alone by
-        design: its barriers are none the worse for it)."""
-        inside = self._inside(barrier)
-        return len(self.ranks) > 1 and bool(inside) and all(len(inst.members) == 1 for inst in inside)
-
-    def _only_errored(self, barrier: Span) -> bool:
-        inside = self._inside(barrier)
-        return bool(inside) and all(inst.errored for inst in inside)
 
     def _raised_before_issued(self, barrier: Span) -> bool:
         """The barrier's rank called collectives in it that raised before they reached the group
@@ -803,3 +804,9 @@ class Timeline:
 
 def _at(indices: Sequence[int]) -> str:
     return ("event " if len(indices) == 1 else "events ") + ", ".join(f"#{i}" for i in indices)
+
+
+def _completed_before(inst: Instance, rank: int, index: int) -> bool:
+    """The rank saw ``inst`` complete (returned, or its wait did) before event ``index``."""
+    done = inst.completion(rank)
+    return done is not None and done.index < index

@@ -122,6 +122,8 @@ class RunReport:
     armed: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> faults armed on it
     fired: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> injected faults that acted
     held: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> where its schedule held it
+    # rank -> the collective mismatches its test body looked at itself (``collective_mismatches()``)
+    checked: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     began_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its recorder began (time_ns)
     ended_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its body had ended (time_ns)
     duration: float = 0.0

@@ -192,6 +192,36 @@ def test_getfixturevalue_in_a_fixture_evaluated_in_the_rank(inner) -> None:
     ran.result.assert_outcomes(passed=2)
 
 
+def test_a_shared_folder_asked_for_by_name_in_a_rank_is_refused_with_the_way_to_have_it(inner) -> None:
+    """Made in the rank, each rank had a folder of its own (in a base folder of its own), and a
+    ``tmp_path`` made so failed the test at teardown with a bare KeyError of pytest's."""
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        @pytest.mark.parametrize("name", ["shared_tmp_path", "tmp_path", "tmp_path_factory"])
+        def test_by_name(rank, request, name):
+            request.getfixturevalue(name)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_named_as_an_argument_too(rank, request, shared_tmp_path):
+            paths = [None, None]
+            dist.all_gather_object(paths, str(request.getfixturevalue("shared_tmp_path")))
+            assert paths[0] == paths[1] == str(shared_tmp_path)
+        """
+    )
+    ran.result.assert_outcomes(failed=3, passed=1)
+    for name in ("shared_tmp_path", "tmp_path", "tmp_path_factory"):
+        ran.lines(
+            f"*rank 0: failed: LookupError: fixture '{name}' cannot be set up inside a rank (request.getfixturevalue):"
+            " its folder is the one every rank of the test sees, made before the ranks start; name it as an argument"
+            " of the test, or of a fixture the test uses"
+        )
+    assert "KeyError" not in ran.result.stdout.str()
+
+
 def test_tmp_path_factory_reaches_the_ranks_after_the_session_used_it(inner) -> None:
     ran = inner(
         """

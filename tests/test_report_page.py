@@ -131,6 +131,7 @@ def test_the_page_holds_the_sessions_multirank_tests_and_needs_no_network(report
     assert {lane[0] for lane in failed["timeline"]["lanes"]} == {0, 1}
     text = report.read_text()
     assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', text), "nothing is fetched from elsewhere"
+    assert not re.search(r"https?://", text), "the page names no address at all (not even a namespace's)"
 
 
 def test_multirank_tests_that_never_reached_their_ranks_are_on_the_page_too(pytester: pytest.Pytester) -> None:

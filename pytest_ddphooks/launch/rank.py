@@ -196,12 +196,15 @@ def _answer_asks(path: str, stacks: str, recorder: Recorder) -> None:
     native code issued meanwhile: a thread that waits for that adds it to the events. When
     it takes the rank's stacks, it asks for them whole too (faulthandler writes 100 frames)."""
     os.mkfifo(path, 0o600)
+    # open for reading and writing: a reader is always there, so an ask made while the last one
+    # is answered waits in the pipe (reopened after each, an ask in between found no reader and
+    # was lost: a hang's report then had only the 100 frames faulthandler writes)
+    fd = os.open(path, os.O_RDWR)
 
     def serve() -> None:
         while True:
             try:
-                with open(path, "rb") as asked:
-                    what = asked.read()
+                what = os.read(fd, 64)
             except OSError:
                 return
             with contextlib.suppress(Exception):

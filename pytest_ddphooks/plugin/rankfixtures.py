@@ -45,6 +45,11 @@ RANK_LOCAL = frozenset(
     }
 )
 RANK_RESOLVED = RANK_LOCAL | {"request"}
+# folders every rank of a test sees, made in the pytest process before the ranks start: a rank
+# cannot make one of its own later (each would make another)
+MADE_BEFORE_THE_RANKS = frozenset(
+    {"tmp_path", "tmpdir", "shared_tmp_path", "node_tmp_path", "tmp_path_factory", "tmpdir_factory"}
+)
 
 
 class FixtureNotSendable(Exception):
@@ -336,6 +341,12 @@ class RankFixtures:
             value: Any = mp
         elif name == "request":
             value = _BodyRequest(self.item._request, self.get)
+        elif name in MADE_BEFORE_THE_RANKS and index == -1:
+            raise LookupError(
+                f"fixture {name!r} cannot be set up inside a rank (request.getfixturevalue): its folder is the"
+                " one every rank of the test sees, made before the ranks start; name it as an argument of the"
+                " test, or of a fixture the test uses"
+            )
         else:
             value = self._evaluate(name, index)
         self.cache[key] = value

@@ -95,6 +95,7 @@ class _Grid:
     def __init__(self) -> None:
         self.rows: list[dict[int, str]] = []
         self.sync_cells: set[tuple[int, int]] = set()  # (row, rank) of a member in a collective's row
+        self.row_of: dict[tuple[int, int], int] = {}  # (rank, event index) -> the row it is drawn at (or before)
 
     def put(self, row: int, rank: int, text: str) -> None:
         while len(self.rows) <= row:
@@ -134,6 +135,7 @@ def _layout(timeline: Timeline) -> _Grid:
                         break  # this lane waits for the other members to reach it
                     row = max(next_row[m] for m in inst.members)
                     for m in inst.members:
+                        grid.row_of[(m, lanes[m][ptr[m]].index)] = row
                         grid.put(row, m, _cell(inst.starts[m], ended, noop) or "")
                         grid.sync_cells.add((row, m))
                         next_row[m] = row + 1
@@ -142,9 +144,11 @@ def _layout(timeline: Timeline) -> _Grid:
                     collective_rows.add(row)  # the collective's: a rank outside it draws on others
                 else:
                     text = _cell(e, ended, noop)
+                    grid.row_of[(r, e.index)] = next_row[r]
                     if text is not None:
                         while next_row[r] in collective_rows:
                             next_row[r] += 1
+                        grid.row_of[(r, e.index)] = next_row[r]
                         grid.put(next_row[r], r, text)
                         next_row[r] += 1
                     ptr[r] += 1
@@ -164,7 +168,9 @@ def _layout(timeline: Timeline) -> _Grid:
     return grid
 
 
-def _draw(grid: _Grid, ranks: list[int], max_rows: int | None, width: int) -> str:
+def _draw(
+    grid: _Grid, ranks: list[int], max_rows: int | None, width: int, focus: Sequence[tuple[int, int]] = ()
+) -> str:
     header = " | ".join(f"rank {r}".ljust(width) for r in ranks).rstrip()
     lines = [header, "-+-".join("-" * width for _ in ranks)]
     body = []
@@ -175,10 +181,29 @@ def _draw(grid: _Grid, ranks: list[int], max_rows: int | None, width: int) -> st
             cells.append((text + " ").ljust(width, "=") if (i, r) in grid.sync_cells and text else text.ljust(width))
         body.append(" | ".join(cells).rstrip())
     if max_rows is not None and len(body) > max_rows:
+        return "\n".join(lines + _excerpt(body, max_rows, sorted({grid.row_of[f] for f in focus if f in grid.row_of})))
+    return "\n".join(lines + body)
+
+
+def _excerpt(body: list[str], max_rows: int, focus: list[int]) -> list[str]:
+    """About ``max_rows`` of ``body``: around the rows in ``focus`` (an assertion's events), else its
+    first and last rows; what is left out is said where it was."""
+    if not focus:
         head = max_rows // 2
         tail = max_rows - head
-        body = [*body[:head], f"... {len(body) - max_rows} rows not shown ...", *body[-tail:]]
-    return "\n".join(lines + body)
+        return [*body[:head], f"... {len(body) - max_rows} rows not shown ...", *body[-tail:]]
+    radius = max((max_rows // len(focus) - 1) // 2, 2)
+    shown = sorted({i for f in focus for i in range(max(f - radius, 0), min(f + radius + 1, len(body)))})
+    out: list[str] = []
+    last = -1
+    for i in shown:
+        if i > last + 1:
+            out.append(f"... {i - last - 1} rows not shown ...")
+        out.append(body[i])
+        last = i
+    if last < len(body) - 1:
+        out.append(f"... {len(body) - 1 - last} rows not shown ...")
+    return out
 
 
 def _cut(text: str, room: int) -> str:
@@ -191,10 +216,16 @@ def _cut(text: str, room: int) -> str:
     return text[:head] + "~" + text[len(text) - (room - head - 1) :]
 
 
-def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int | None = None) -> str:
+def swimlanes(
+    timeline: Timeline,
+    max_rows: int | None = None,
+    width: int | None = None,
+    focus: Sequence[tuple[int, int]] = (),
+) -> str:
     """One text lane per rank; a collective every member completed sits on one row. Lanes
     are ``width`` wide; by default as wide as their longest cell, within what a terminal
-    holds for that many ranks (30 to 60 characters: 8 ranks get 30), cells cut beyond."""
+    holds for that many ranks (30 to 60 characters: 8 ranks get 30), cells cut beyond. Beyond
+    ``max_rows`` rows, the rows around the events in ``focus`` ((rank, index)) are shown."""
     for arg, value, least in (("max_rows", max_rows, 1), ("width", width, 8)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
             raise ValueError(f"swimlanes({arg}={value!r}): {arg} is an int of at least {least}, or None")
@@ -206,7 +237,7 @@ def swimlanes(timeline: Timeline, max_rows: int | None = None, width: int | None
         most = min(60, max(30, (160 - 3 * (n - 1)) // n))
         longest = max((len(text) for row in grid.rows for text in row.values()), default=0)
         width = min(most, max(30, longest + 2))
-    return _draw(grid, timeline.ranks, max_rows, width)
+    return _draw(grid, timeline.ranks, max_rows, width, focus)
 
 
 def _track_names(timeline: Timeline) -> list[dict[str, Any]]:

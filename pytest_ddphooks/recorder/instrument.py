@@ -84,16 +84,17 @@ class _Span:
         if self.kind != events.BARRIER:
             return self.log.begin(self.kind, self.name, self.static, self.static), None
         info = {**self.static, "group_existed": group_exists(), "running": _other_threads()}
-        return self.log.begin(self.kind, self.name, info), [0]
+        return self.log.begin(self.kind, self.name, info), []
 
-    def end(self, call_id: int, counter: list[int] | None, exc: BaseException | None) -> None:
+    def end(self, call_id: int, issued: list[int] | None, exc: BaseException | None) -> None:
         info: dict[str, Any] | None = None
         if isinstance(exc, GeneratorExit):
             info = {"closed": True}  # a generator left before its end
         elif exc is not None:
             info = {"error": error_text(exc)}
-        if counter is not None:
-            info = {**(info or {}), "collectives": counter[0]}
+        if issued is not None:
+            # the call ids of the collectives it issued: ownership, where lanes and times tell only nearness
+            info = {**(info or {}), "collectives": len(issued), "own_calls": list(issued)}
         self.log.end(call_id, self.kind, self.name, info)
 
 
@@ -103,7 +104,8 @@ def _other_threads() -> list[int]:
     return sorted(t.ident for t in threading.enumerate() if t.ident is not None and t.ident != me)
 
 
-Started = tuple[int, "list[int] | None"]  # a span's call id and its counter, once it began
+# a span's call id and, for a barrier, the call ids of the collectives it issued, once it began
+Started = tuple[int, "list[int] | None"]
 
 
 def _plain_call(span: _Span) -> _Call:
@@ -211,26 +213,26 @@ def _awaited_call(span: _Span) -> _Call:
 class _CountedSteps:
     """A generator whose own steps count their collectives (``yield from`` drives it)."""
 
-    def __init__(self, inner: Generator[Any, Any, Any], counter: list[int]) -> None:
-        self.inner, self.counter = inner, counter
+    def __init__(self, inner: Generator[Any, Any, Any], issued: list[int]) -> None:
+        self.inner, self.issued = inner, issued
 
     def __iter__(self) -> _CountedSteps:
         return self
 
     def __next__(self) -> Any:
-        with counting(self.counter):
+        with counting(self.issued):
             return next(self.inner)
 
     def send(self, value: Any) -> Any:
-        with counting(self.counter):
+        with counting(self.issued):
             return self.inner.send(value)
 
     def throw(self, *exc: Any) -> Any:
-        with counting(self.counter):
+        with counting(self.issued):
             return self.inner.throw(*exc)
 
     def close(self) -> None:
-        with counting(self.counter):
+        with counting(self.issued):
             self.inner.close()
 
 
@@ -238,13 +240,13 @@ def _steps(span: _Span, inner: Generator[Any, Any, Any], started: Started | None
     """A generator's body runs as it is iterated, not when it is called: the events span it
     from its first step (or from the call that made it, ``started``) to its end (exhausted,
     closed, or raised)."""
-    call_id, counter = span.begin() if started is None else started
+    call_id, issued = span.begin() if started is None else started
     try:
-        result = yield from (inner if counter is None else _CountedSteps(inner, counter))
+        result = yield from (inner if issued is None else _CountedSteps(inner, issued))
     except BaseException as exc:
-        span.end(call_id, counter, exc)
+        span.end(call_id, issued, exc)
         raise
-    span.end(call_id, counter, None)
+    span.end(call_id, issued, None)
     return result
 
 
@@ -252,13 +254,13 @@ async def _async_steps(
     span: _Span, inner: AsyncGenerator[Any, Any], started: Started | None = None
 ) -> AsyncGenerator[Any, Any]:
     """The same for an asynchronous generator; what its consumer sends or throws in reaches it."""
-    call_id, counter = span.begin() if started is None else started
+    call_id, issued = span.begin() if started is None else started
     sent: Any = None
     thrown: BaseException | None = None
     try:
         while True:
             try:
-                with counting(counter):
+                with counting(issued):
                     item = await (inner.asend(sent) if thrown is None else inner.athrow(thrown))
             except StopAsyncIteration:
                 break
@@ -266,15 +268,15 @@ async def _async_steps(
             try:
                 sent = yield item
             except GeneratorExit:
-                with counting(counter):
+                with counting(issued):
                     await inner.aclose()
                 raise
             except BaseException as exc:  # thrown in by its consumer: the generator may handle it
                 thrown = exc
     except BaseException as exc:
-        span.end(call_id, counter, exc)
+        span.end(call_id, issued, exc)
         raise
-    span.end(call_id, counter, None)
+    span.end(call_id, issued, None)
 
 
 def _generator_call(span: _Span, is_async: bool) -> _Call:

@@ -49,25 +49,25 @@ _TRACKED_GAP = 4096  # of a longer run of calls the recorder did not see, the la
 _HANDED_KEPT = 64
 
 
-# the collective counts of the framework barriers open here: per context, so that a barrier
-# counts what its own code issues (its thread, the tasks and ``to_thread`` calls it starts),
-# not what another task interleaved on the same thread issues
+# the collectives of the framework barriers open here (each barrier's list of their call ids): per
+# context, so that a barrier owns what its own code issues (its thread, the tasks and ``to_thread``
+# calls it starts), not what another task interleaved on the same thread issues
 _counting: contextvars.ContextVar[tuple[list[int], ...]] = contextvars.ContextVar("ddphooks_counting", default=())
 _NOT_COUNTING = contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def _counted(counter: list[int]) -> Any:
-    token = _counting.set((*_counting.get(), counter))
+def _counted(issued: list[int]) -> Any:
+    token = _counting.set((*_counting.get(), issued))
     try:
         yield
     finally:
         _counting.reset(token)
 
 
-def counting(counter: list[int] | None) -> contextlib.AbstractContextManager[Any]:
-    """Count into ``counter[0]`` each collective issued in this context meanwhile (None: nothing)."""
-    return _NOT_COUNTING if counter is None else _counted(counter)
+def counting(issued: list[int] | None) -> contextlib.AbstractContextManager[Any]:
+    """Add to ``issued`` the call id of each collective issued in this context meanwhile (None: nothing)."""
+    return _NOT_COUNTING if issued is None else _counted(issued)
 
 
 def _issues(info: dict[str, Any] | None) -> bool:
@@ -76,9 +76,11 @@ def _issues(info: dict[str, Any] | None) -> bool:
     return info is None or (info.get("effective", True) and not info.get("queued"))
 
 
-def _count_issued(step: int) -> None:
-    for counter in _counting.get():
-        counter[0] = max(counter[0] + step, 0)
+def _uncount(call_id: int) -> None:
+    """A collective counted as issued at its start never reached its group."""
+    for issued in _counting.get():
+        if call_id in issued:
+            issued.remove(call_id)
 
 
 def group_counter(pg: Any) -> int | None:
@@ -270,10 +272,11 @@ class EventLog:
             lane = self._local.lane
         except AttributeError:
             lane = self._lane()
-        if phase == START and kind in _SYNC_KINDS and _issues(info):
-            counters = _counting.get()
-            if counters:
-                _count_issued(1)
+        if phase == START and kind in _SYNC_KINDS:
+            barriers = _counting.get()
+            if barriers and _issues(info):
+                for issued in barriers:
+                    issued.append(call_id)
         record = (call_id, time_ns(), lane, kind, phase, name, info)
         self._raw.append(record)
         file = self._file
@@ -310,13 +313,13 @@ class EventLog:
         ended: dict[str, Any] = {"error": error_text(exc)}
         if kind in _SYNC_KINDS:
             ended["issued"] = False
-            self._unissued(info)
+            self._unissued(call_id, info)
         self._emit(kind, END, name, ended, call_id, triggers=False)
 
-    def _unissued(self, info: dict[str, Any] | None) -> None:
+    def _unissued(self, call_id: int, info: dict[str, Any] | None) -> None:
         """A collective counted as issued at its start never reached its group."""
         if _issues(info):
-            _count_issued(-1)
+            _uncount(call_id)
 
     def end(
         self,
@@ -330,7 +333,7 @@ class EventLog:
         """The end of a call (``started``: its start's info, for a collective that raised
         before it reached its group: it was counted as issued)."""
         if info is not None and info.get("issued") is False and kind in _SYNC_KINDS:
-            self._unissued(started)
+            self._unissued(call_id, started)
         self._emit(kind, END, name, info, call_id, static)
 
     def mark(self, name: str, /, **info: Any) -> None:

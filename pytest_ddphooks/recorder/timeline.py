@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -90,7 +90,8 @@ def parse_selector(selector: str) -> tuple[str, tuple[int, ...] | None]:
             f"an event is named by a str ('setup', 'setup@0', 'setup@0,2'), got {type(selector).__name__} {selector!r}"
         )
     name, sep, where = selector.rpartition("@")
-    if sep and where and all(part.strip().isdigit() for part in where.split(",")):
+    # ASCII digits: str.isdigit() also takes '²', which int() refuses
+    if sep and where and all(part.strip().isascii() and part.strip().isdigit() for part in where.split(",")):
         return name, tuple(int(part) for part in where.split(","))
     return selector, None
 
@@ -126,6 +127,9 @@ class Timeline:
         self._by_rank = {rank: list(by_rank[rank]) for rank in sorted(by_rank)}
         self.lanes: dict[tuple[int, int], str] = dict(lanes or {})
         self._idents = dict(idents or {})  # (rank, lane) -> its thread's ident
+        # told when ``collective_mismatches()`` found some for its caller (the recorder that made
+        # the timeline: a test that looks at them itself expects them)
+        self.on_mismatches_found: Callable[[Timeline], None] | None = None
 
     @classmethod
     def from_raw(cls, raw_by_rank: Mapping[int, Iterable[RawEvent]]) -> Timeline:
@@ -528,27 +532,29 @@ class Timeline:
             if len(idx) != 1
         ]
         if problems:
-            self._fail("\n".join(problems))
+            self._fail("\n".join(problems), focus=[(r, i) for r, idx in counts.items() for i in idx])
 
     def noop_barriers(self) -> list[NoopBarrier]:
-        """Framework barriers (``instrument_barrier``) during which the rank issued no
-        collective, or only asynchronous ones it did not wait for before the barrier returned."""
+        """Framework barriers (``instrument_barrier``) whose own collectives synchronised the rank
+        with nobody before they returned: none, or only ones that wait for nobody (raised, on a
+        group of the rank alone, on no element), or not completed by then (asynchronous and not
+        waited for, or on a thread it started and did not wait for)."""
         out = []
         for s in self._spans:
             if s.kind != events.BARRIER or s.end is None:
                 continue
-            reason = self._noop_reason(s, self._inside(s))
+            reason = self._noop_reason(s)
             if reason is not None:
                 out.append(NoopBarrier(s.rank, s.name, s.start.index, reason))
         return out
 
-    def _noop_reason(self, barrier: Span, inside: list[Instance]) -> str | None:
-        """Why a framework barrier that issued ``inside`` synchronised nothing; None if it did."""
+    def _noop_reason(self, barrier: Span) -> str | None:
+        """Why a framework barrier synchronised nothing; None if it did."""
         assert barrier.end is not None
         if not barrier.end.info.get("collectives", 1):
             if self._completed_on_other_threads(barrier):
                 return None  # it had another thread synchronise for it, and waited for that
-            if any(inst.native for inst in inside):
+            if any(inst.native for inst in self._inside(barrier)):
                 return None  # it issued collectives through native code (torch.ops), which waits out of sight
             if not barrier.start.info.get("group_existed", True):
                 return "issued no collective: no process group existed"
@@ -560,23 +566,78 @@ class Timeline:
             if self._raised_before_issued(barrier):
                 return "issued no collective: the ones it called raised before they reached the group"
             return "issued no collective: the process group existed but no collective was called"
-        if not inside:
+        own, unpaired = self._own(barrier)
+        labelled = [(inst.label(), self._waits_for_nobody(inst, barrier)) for inst in own]
+        # a call that was never one of a group's collectives (it raised before, or the recorder
+        # could not describe it): one that raised synchronised nobody, of another nothing is known
+        labelled += [(call.name.removeprefix("dist."), _raised(call)) for call in unpaired]
+        whys = [(label, why) for label, why in labelled if why is not None]
+        if not labelled or len(whys) < len(labelled):
             return None
-        if all(inst.errored for inst in inside):
-            return "issued only collectives that raised, which synchronise nobody"
-        if len(self.ranks) > 1 and all(len(inst.members) == 1 for inst in inside):
-            # a world of one rank is alone by design: its barriers are none the worse for it
-            return "issued only collectives on groups of this rank alone, which wait for nobody"
-        end = barrier.end.index
-        if all(not inst.native and not _completed_before(inst, barrier.rank, end) for inst in inside):
-            calls = "sends or receives" if all(i.key[0] == "p" for i in inside) else "collectives"
+        kinds = {kind for _, (kind, _) in whys}
+        if len(kinds) > 1:
+            each = ", ".join(f"{label} {text}" for label, (_, text) in whys)
+            return f"issued only collectives that synchronised it with nobody before it returned: {each}"
+        kind = kinds.pop()
+        if kind == _ASYNC:
+            calls = "sends or receives" if own and all(i.key[0] == "p" for i in own) else "collectives"
             return f"issued only asynchronous {calls}, and waited for none of them before it returned"
-        if all(inst.empty for inst in inside):
-            return "issued only collectives on tensors with no element, which wait for nobody"
-        return None
+        return _NOOP_ALIKE[kind]
+
+    def _waits_for_nobody(self, inst: Instance, barrier: Span) -> tuple[int, str] | None:
+        """Why a collective a barrier issued synchronised its rank with nobody before the barrier
+        returned (its kind, and the words for it alone), if it did not."""
+        assert barrier.end is not None
+        if inst.errored:
+            return _ERRORED, "raised"
+        if len(self.ranks) > 1 and len(inst.members) == 1:
+            # a world of one rank is alone by design: its barriers are none the worse for it
+            return _ALONE, "was on a group of this rank alone"
+        if inst.native or _completed_before(inst, barrier.rank, barrier.end.index):
+            if inst.empty:
+                return _EMPTY, "had no element"
+            return None
+        entered = inst.starts.get(barrier.rank) or inst.ends.get(barrier.rank)
+        if entered is not None and entered.lane != barrier.start.lane:
+            return _THREAD, "ran on a thread it did not wait for"
+        return _ASYNC, "was asynchronous and not waited for"
+
+    def _own(self, barrier: Span) -> tuple[list[Instance], list[Span]]:
+        """The collectives (and sends and receives) a framework barrier's own code issued: on its
+        thread or on the tasks and threads it started, not its caller's ``with`` block; and its
+        own calls that are no collective of a group (never issued, or not described)."""
+        assert barrier.end is not None
+        ids = barrier.end.info.get("own_calls")
+        if ids is None:  # a barrier recorded without them: what ran on its thread meanwhile
+            return self._inside(barrier), []
+        by_call, calls = self._instance_of_call, self._sync_call
+        found: dict[int, Instance] = {}
+        unpaired = []
+        for call_id in ids:
+            inst = by_call.get((barrier.rank, call_id))
+            if inst is not None:
+                found[id(inst)] = inst
+            elif (barrier.rank, call_id) in calls:
+                unpaired.append(calls[(barrier.rank, call_id)])
+        return list(found.values()), unpaired
+
+    @cached_property
+    def _sync_call(self) -> dict[tuple[int, int], Span]:
+        """(rank, call id) -> the span of that collective (or send or receive) call."""
+        return {(s.rank, s.start.call_id): s for s in self._spans if s.kind in (events.COLLECTIVE, events.P2P)}
+
+    @cached_property
+    def _instance_of_call(self) -> dict[tuple[int, int], Instance]:
+        """(rank, call id) -> the collective (or send or receive) that call made."""
+        out: dict[tuple[int, int], Instance] = {}
+        for inst in self.instances.values():
+            for rank, e in (*inst.starts.items(), *inst.ends.items()):
+                out.setdefault((rank, e.call_id), inst)
+        return out
 
     def _inside(self, barrier: Span) -> list[Instance]:
-        """The collectives (and sends and receives) the rank issued during a framework barrier."""
+        """The collectives (and sends and receives) the rank entered on the barrier's thread
+        while it ran."""
         assert barrier.end is not None
         entered = self._entered_by_rank.get(barrier.rank, [])
         lane = barrier.start.lane
@@ -688,7 +749,7 @@ class Timeline:
         __tracebackhide__ = True
         found = self.noop_barriers()
         if found:
-            self._fail("\n".join(str(nb) for nb in found))
+            self._fail("\n".join(str(nb) for nb in found), focus=[(nb.rank, nb.index) for nb in found])
 
     def collective_mismatches(self) -> list[Mismatch]:
         """Per group, the first collective where the members called different things; and
@@ -707,7 +768,16 @@ class Timeline:
                     out.append(Mismatch(group, inst.seq, calls, inst.members))
                     break
         out.sort(key=lambda m: (m.seq, m.group))
-        return out + self._oversized_messages()
+        out += self._oversized_messages()
+        if out and self.on_mismatches_found is not None:
+            self.on_mismatches_found(self)
+        return out
+
+    def mismatched(self) -> set[tuple[str, int]]:
+        """(group, seq) of every collective the members disagree on, not only each group's first
+        (and of each receive whose message is larger than its buffer)."""
+        out = {(i.group, i.seq) for i in self.instances.values() if i.key[0] == "c" and not i.consistent}
+        return out | {(m.group, m.seq) for m in self._oversized_messages()}
 
     def _oversized_messages(self) -> list[Mismatch]:
         """Receives whose message holds more bytes than their buffer: gloo aborts such a
@@ -797,13 +867,33 @@ class Timeline:
         its rank ended (``ended``: rank -> time_ns); ``notes``: (rank, time_ns, text) instants."""
         return export.write_chrome_trace(self, path, stopped_ns, notes, ended)
 
-    def _fail(self, message: str, highlights: list[dict[str, Any]] | None = None) -> None:
+    def _fail(
+        self, message: str, highlights: list[dict[str, Any]] | None = None, focus: Sequence[tuple[int, int]] = ()
+    ) -> None:
+        """Raise, the swimlanes shown around the events at fault: those of ``highlights`` and
+        ``focus`` ((rank, index))."""
         __tracebackhide__ = True
-        raise TimelineAssertionError(message + "\n\n" + self.swimlanes(max_rows=60), highlights)
+        at_fault = [(int(h[k][0]), int(h[k][1])) for h in highlights or () for k in ("a", "b") if k in h]
+        lanes = export.swimlanes(self, max_rows=60, focus=[*at_fault, *focus])
+        raise TimelineAssertionError(message + "\n\n" + lanes, highlights)
 
 
 def _at(indices: Sequence[int]) -> str:
     return ("event " if len(indices) == 1 else "events ") + ", ".join(f"#{i}" for i in indices)
+
+
+# why a barrier's collective synchronised nobody, in the order a mixed reason lists them
+_ERRORED, _ALONE, _EMPTY, _ASYNC, _THREAD = range(5)
+_NOOP_ALIKE = {
+    _ERRORED: "issued only collectives that raised, which synchronise nobody",
+    _ALONE: "issued only collectives on groups of this rank alone, which wait for nobody",
+    _EMPTY: "issued only collectives on tensors with no element, which wait for nobody",
+    _THREAD: "issued only collectives on threads it started, and waited for none of them before it returned",
+}
+
+
+def _raised(call: Span) -> tuple[int, str] | None:
+    return (_ERRORED, "raised") if call.end is not None and "error" in call.end.info else None
 
 
 def _completed_before(inst: Instance, rank: int, index: int) -> bool:

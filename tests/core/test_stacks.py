@@ -218,3 +218,33 @@ def test_a_rank_stuck_in_the_harness_is_said_and_shown_from_its_entry_point() ->
     assert lines[1] == "  (no frame of the test's code: the rank is in the harness itself, here from its start)"
     told = [ln for ln in lines if ln.startswith("  File")]
     assert [ln.rsplit(", in ", 1)[1] for ln in told] == ["prepared_rank_main", "_await_job"]
+
+
+def test_an_ask_made_while_the_last_is_answered_is_not_lost(tmp_path) -> None:
+    """The pipe was reopened after each ask: one made while the rank answered the watchdog's
+    '?' (reading torch's flight recorder) found no reader and was dropped, and a hang's report
+    had only the 100 frames faulthandler writes."""
+    import threading
+
+    from pytest_ddphooks.launch.rank import _answer_asks
+    from pytest_ddphooks.stacks import ASK_NATIVE, ASK_STACKS, ask
+
+    answering, release = threading.Event(), threading.Event()
+
+    class Recorder:
+        def read_native(self, grace: bool) -> None:
+            answering.set()
+            release.wait(30)
+
+    pipe, stacks = str(tmp_path / "ask"), str(tmp_path / "stacks")
+    _answer_asks(pipe, stacks, Recorder())  # type: ignore[arg-type]
+    ask(pipe, ASK_NATIVE)
+    assert answering.wait(30)
+    ask(pipe, ASK_STACKS)  # while the first is being answered
+    release.set()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(stacks):
+        assert time.monotonic() < deadline, "the second ask was lost"
+        time.sleep(0.01)
+    with open(stacks) as answered:
+        assert f"Thread 0x{threading.get_ident():016x}" in answered.read()

@@ -649,6 +649,52 @@ def test_gather_counts_differ(rank, recorder):
     )
 
 
+def test_a_mismatch_the_test_looks_at_itself_is_expected(pytester) -> None:
+    """A mismatch gloo runs (a reduce op that differs) failed every test as a desync, also one
+    that provoked it to check ``collective_mismatches()``: such a test could never pass. One the
+    body finds itself is its to judge; one it did not look at, or that a rank then failed on,
+    is the desync it was."""
+    result = run(
+        pytester,
+        """
+def differing_ops(rank):
+    dist.all_reduce(torch.ones(4), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+
+@pytest.mark.multirank(world_size=2)
+def test_looked_at(rank, recorder):
+    differing_ops(rank)
+    tl = recorder.timeline()
+    (found,) = tl.collective_mismatches()
+    assert (found.group, found.seq) == ("default", 1)
+    with pytest.raises(TimelineAssertionError, match="op=MAX"):
+        tl.assert_collectives_match()
+
+@pytest.mark.multirank(world_size=2)
+def test_not_looked_at(rank, recorder):
+    differing_ops(rank)
+    recorder.timeline()
+
+@pytest.mark.multirank(world_size=2)
+def test_asserted(rank, recorder):
+    differing_ops(rank)
+    recorder.timeline().assert_collectives_match()
+
+@pytest.mark.multirank(world_size=2)
+def test_looked_at_one_of_two(rank, recorder):
+    differing_ops(rank)
+    assert len(recorder.timeline().collective_mismatches()) == 1
+    differing_ops(1 - rank)  # a second one, after the body looked
+""",
+    )
+    result.assert_outcomes(passed=1, failed=3)
+    desync = (
+        "desync: collective #1 on the default group:"
+        " rank 0 all_reduce(float32[[]4]), rank 1 all_reduce(float32[[]4], op=MAX)"
+    )
+    for test in ("test_not_looked_at", "test_asserted", "test_looked_at_one_of_two"):
+        result.stdout.fnmatch_lines([f"*_ {test} _*", desync])
+
+
 def test_a_collective_that_raised_before_reaching_the_group_takes_no_place_in_its_sequence(pytester) -> None:
     result = run(
         pytester,

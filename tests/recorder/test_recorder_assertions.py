@@ -30,6 +30,8 @@ def test_timeline_assertion_error_is_an_assertion_error() -> None:
         ("model.setup@1", ("model.setup", (1,))),
         ("user@host", ("user@host", None)),
         ("odd@", ("odd@", None)),
+        # a digit only to str.isdigit(): a name, which the timeline then does not hold (int() refused it)
+        ("a@\u00b2", ("a@\u00b2", None)),
     ],
 )
 def test_parse_selector(selector: str, parsed: tuple[str, tuple[int, ...] | None]) -> None:
@@ -479,3 +481,36 @@ def test_swimlanes_keep_the_last_rows_they_are_given() -> None:
         sim.mark(0, name)
     lanes = sim.timeline().swimlanes(max_rows=1).splitlines()
     assert lanes[2:] == ["... 2 rows not shown ...", "* three"]
+
+
+def test_a_failed_assertion_shows_the_rows_around_its_events() -> None:
+    """The excerpt was the first and last 30 rows: in a loop of 200 steps, the two events at
+    fault and the collectives around them were in the rows left out."""
+    sim = Sim(2)
+    for i in range(200):
+        sim.coll("all_reduce")
+        if i == 100:
+            sim.mark(0, "a")
+            sim.mark(1, "b")
+    tl = sim.timeline()
+    with pytest.raises(TimelineAssertionError) as raised:
+        tl.assert_happens_before("a@0", "b@1")
+    lanes = str(raised.value).split("\n\n", 1)[1].splitlines()
+    shown = [line for line in lanes[2:] if not line.startswith("...")]
+    assert len(shown) <= 61
+    assert any(line.startswith("* a") and line.rstrip().endswith("* b") for line in shown)
+    assert "all_reduce #101" in "\n".join(shown) and "all_reduce #102" in "\n".join(shown)
+    assert lanes[2].startswith("... ") and lanes[-1].startswith("... ")
+    # one that passes shows what it is asked for, as before
+    assert "... " in tl.swimlanes(max_rows=60) and "* a" not in tl.swimlanes(max_rows=60)
+
+
+def test_a_noop_barrier_is_shown_in_the_rows_around_it() -> None:
+    sim = Sim(2)
+    for i in range(100):
+        sim.coll("all_reduce")
+        if i == 50:
+            sim.barrier_all(collective=False)
+    with pytest.raises(TimelineAssertionError) as raised:
+        sim.timeline().assert_no_noop_barriers()
+    assert "(no-op)" in str(raised.value).split("\n\n", 1)[1]

@@ -80,13 +80,18 @@ def test_awaiting_a_real_barrier_is_no_noop(rank, recorder):
     assert tl.noop_barriers() == []
     tl.assert_happens_before("prepare@0", "setup@1")
 
+EMPTY = "issued only collectives on tensors with no element, which wait for nobody"
+
 @pytest.mark.multirank(world_size=2)
-def test_another_tasks_collective_is_not_the_barriers(rank, recorder):
+@pytest.mark.parametrize(("own", "reason"), [("nothing", NOOP), ("empty", EMPTY)])
+def test_another_tasks_collective_is_not_the_barriers(rank, recorder, own, reason):
     class Idle:
         def __init__(self):
             self.begun, self.done = asyncio.Event(), asyncio.Event()
 
         async def barrier(self):
+            if own == "empty":  # its own collective waits for nobody: the other task's does not help it
+                dist.all_reduce(torch.empty(0))
             self.begun.set()
             await self.done.wait()  # synchronises nothing itself: the other task's all-reduce runs meanwhile
 
@@ -104,10 +109,10 @@ def test_another_tasks_collective_is_not_the_barriers(rank, recorder):
         await started
 
     asyncio.run(main())
-    assert [nb.reason for nb in recorder.timeline().noop_barriers()] == [NOOP] * 2
+    assert [nb.reason for nb in recorder.timeline().noop_barriers()] == [reason] * 2
 """,
     )
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
 
 
 def test_a_generator_barrier_counts_its_own_steps(pytester) -> None:
@@ -344,3 +349,148 @@ def test_a_special_method_of_one_object_is_refused(recorder):
 """,
     )
     result.assert_outcomes(passed=4)
+
+
+def test_a_barrier_is_judged_by_its_own_collectives_only(pytester) -> None:
+    """A barrier whose own collective waits for nobody (not waited for, no element) was taken as
+    synchronising when its caller's ``with`` block (or a task that was there before it, above)
+    issued a real collective while it ran: only what its own code issued is judged."""
+    result = run(
+        pytester,
+        """
+class Strategy:
+    work = None
+
+    @contextlib.contextmanager
+    def unwaited(self):
+        self.work = dist.all_reduce(torch.ones(1), async_op=True)  # waited for after the with
+        yield
+
+    @contextlib.contextmanager
+    def empty(self):
+        dist.all_reduce(torch.empty(0))
+        yield
+
+    @contextlib.contextmanager
+    def waited(self):
+        dist.all_reduce(torch.ones(1), async_op=True).wait()
+        yield
+
+ASYNC = "issued only asynchronous collectives, and waited for none of them before it returned"
+EMPTY = "issued only collectives on tensors with no element, which wait for nobody"
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize(("shape", "reason"), [("unwaited", ASYNC), ("empty", EMPTY), ("waited", None)])
+def test_the_with_block_is_not_the_barriers(rank, recorder, shape, reason):
+    strategy = recorder.instrument_barrier(Strategy(), shape)
+    with getattr(strategy, shape)():
+        dist.all_reduce(torch.ones(2))  # the caller's: synchronises, but not for the barrier
+    if strategy.work is not None:
+        strategy.work.wait()
+    found = [(nb.rank, nb.reason) for nb in recorder.timeline().noop_barriers()]
+    assert found == ([] if reason is None else [(0, reason), (1, reason)])
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
+def test_collectives_that_each_wait_for_nobody_make_a_noop_whatever_the_reasons(pytester) -> None:
+    """Named only when every collective inside waited for nobody for one and the same reason, a
+    barrier of a solo-group barrier and an empty all-reduce returned in milliseconds on rank 0
+    while rank 1 came a second later, and was not named."""
+    result = run(
+        pytester,
+        """
+class Strategy:
+    def __init__(self, solo):
+        self.solo = solo
+
+    def mixed(self):
+        dist.barrier(group=self.solo)  # a group of this rank alone
+        dist.all_reduce(torch.empty(0))  # no element
+
+    def mixed_with_a_real_one(self):
+        dist.barrier(group=self.solo)
+        dist.all_reduce(torch.empty(0))
+        dist.barrier()
+
+    def bad_group(self):
+        try:  # torch refuses a group given by a name: no collective, and none the recorder could number
+            dist.barrier(group="no-such-group")
+        except ValueError:
+            pass
+        dist.all_reduce(torch.empty(0))
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize(
+    ("shape", "each"),
+    [
+        ("mixed", "barrier #1 was on a group of this rank alone, all_reduce #1 had no element"),
+        ("bad_group", "all_reduce #1 had no element, barrier raised"),  # a call of no group
+    ],
+)
+def test_mixed_reasons_are_named_together(rank, recorder, shape, each):
+    solos = [dist.new_group([0]), dist.new_group([1])]
+    strategy = recorder.instrument_barrier(Strategy(solos[rank]), shape)
+    getattr(strategy, shape)()
+    found = recorder.timeline().noop_barriers()
+    assert [nb.rank for nb in found] == [0, 1]
+    assert found[0].reason == f"issued only collectives that synchronised it with nobody before it returned: {each}"
+
+@pytest.mark.multirank(world_size=2)
+def test_one_real_collective_among_them_synchronises(rank, recorder):
+    solos = [dist.new_group([0]), dist.new_group([1])]
+    strategy = recorder.instrument_barrier(Strategy(solos[rank]), "mixed_with_a_real_one")
+    strategy.mixed_with_a_real_one()
+    assert recorder.timeline().noop_barriers() == []
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
+def test_a_collective_on_a_thread_the_barrier_did_not_wait_for_synchronises_nothing(pytester) -> None:
+    """``asyncio.to_thread`` gives the thread the barrier's context, so its collective counted as
+    the barrier's own; the barrier returned before it completed (rank 1 came later), and it was
+    not named, since its collective ran on another thread."""
+    result = run(
+        pytester,
+        """
+THREAD = "issued only collectives on threads it started, and waited for none of them before it returned"
+
+class Strategy:
+    def __init__(self, recorder):
+        self.recorder, self.task = recorder, None
+
+    async def hand_off(self):
+        self.task = asyncio.ensure_future(asyncio.to_thread(dist.barrier))
+        # returns once its thread is inside dist.barrier, which waits for rank 1 yet
+        while not self.recorder.occurrences(lambda kind, phase, name: name == "dist.barrier"):
+            await asyncio.sleep(0.001)
+
+    async def await_it(self):
+        await asyncio.to_thread(dist.barrier)
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize(("shape", "reason"), [("hand_off", THREAD), ("await_it", None)])
+def test_the_thread_counts_once_completed(rank, recorder, shared_tmp_path, shape, reason):
+    flag = shared_tmp_path / "returned"
+    if rank == 0:
+        strategy = recorder.instrument_barrier(Strategy(recorder), shape)
+
+        async def main():
+            if shape == "await_it":
+                flag.write_text("go")
+            await getattr(strategy, shape)()
+            flag.write_text("go")  # rank 1 enters its barrier only after rank 0's returned
+            if strategy.task is not None:
+                await strategy.task
+
+        asyncio.run(main())
+    else:
+        wait_for(flag)
+        dist.barrier()
+    found = [(nb.rank, nb.reason) for nb in recorder.timeline().noop_barriers()]
+    assert found == ([] if reason is None else [(0, reason)])
+""",
+    )
+    result.assert_outcomes(passed=2)

@@ -559,7 +559,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
 def _expected(report: RunReport) -> bool:
     """The test's body found every mismatch of the run itself (``collective_mismatches()``)."""
     assert report.timeline is not None
-    seen = {(str(g), int(s)) for infos in report.checked.values() for info in infos for g, s in info.get("found", ())}
+    seen = {(str(g), int(s)) for result in report.results.values() for g, s in result.mismatches_checked}
     return report.timeline.mismatched() <= seen
 
 

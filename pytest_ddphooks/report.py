@@ -40,6 +40,8 @@ class RankResult:
     xml_attributes: list[tuple[str, str]] = field(default_factory=list)  # record_xml_attribute
     error_class: bytes | None = None  # the failure's exception class, pickled (xfail(raises=...) reads it)
     exit_request: tuple[str, int | None] | None = None  # pytest.exit(msg, returncode) in the rank
+    # (group, seq) of the collective mismatches the body looked at itself (``collective_mismatches()``)
+    mismatches_checked: list[tuple[str, int]] = field(default_factory=list)
 
     def write(self, path: str) -> None:
         tmp = path + ".tmp"
@@ -122,8 +124,6 @@ class RunReport:
     armed: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> faults armed on it
     fired: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> injected faults that acted
     held: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> where its schedule held it
-    # rank -> the collective mismatches its test body looked at itself (``collective_mismatches()``)
-    checked: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     began_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its recorder began (time_ns)
     ended_ns: dict[int, int] = field(default_factory=dict)  # rank -> when its body had ended (time_ns)
     duration: float = 0.0

@@ -233,6 +233,32 @@ def test_ranks_hung_in_collectives_that_cannot_match_are_a_desync(pytester: pyte
     assert "never entered" not in out
 
 
+def test_a_mismatch_the_test_looks_at_itself_is_its_own_under_torchrun_too(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_checked="""
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        def differing_ops(rank):
+            dist.all_reduce(torch.ones(4), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_looked_at(rank, recorder):
+            differing_ops(rank)
+            assert len(recorder.timeline().collective_mismatches()) == 1
+
+        @pytest.mark.multirank(world_size=2)
+        def test_not_looked_at(rank, recorder):
+            differing_ops(rank)
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "-rA")
+    assert code != 0
+    assert "PASSED test_checked.py::test_looked_at" in out
+    assert "FAILED test_checked.py::test_not_looked_at - desync: collective #" in out
+
+
 def test_a_rank_that_finished_while_rank_0_hangs_lets_rank_0_report(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_skip="""

@@ -416,12 +416,7 @@ class RunWatch:
         for result in report.results.values():
             if coverage_relay.merge_into_session(result.measured):
                 result.measured = None
-        watch_only = {
-            events.ARMED: report.armed,
-            events.FIRED: report.fired,
-            events.HELD: report.held,
-            events.CHECKED: report.checked,
-        }
+        watch_only = {events.ARMED: report.armed, events.FIRED: report.fired, events.HELD: report.held}
         for r, recs in raw.items():
             if recs:
                 report.began_ns[r] = int(recs[0][1])  # the log's first record: its main thread's name

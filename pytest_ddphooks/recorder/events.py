@@ -34,8 +34,7 @@ COUNTERS = "counters"  # a finished rank's last collective per group: for the wa
 ARMED = "armed"  # a fault armed on this rank (``faults``)
 FIRED = "fired"  # an armed fault acted, right after the event it acts at
 HELD = "held"  # a schedule held the rank back at a point (``--ddp-explore``)
-CHECKED = "checked"  # the test's body looked at these collective mismatches itself (``collective_mismatches``)
-WATCH_ONLY = (EXCHANGE, COUNTERS, ARMED, FIRED, HELD, CHECKED)
+WATCH_ONLY = (EXCHANGE, COUNTERS, ARMED, FIRED, HELD)
 TEMPLATE = "template"  # in the event file only: what the compact records after it stand for
 
 # Phases.

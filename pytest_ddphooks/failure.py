@@ -557,10 +557,11 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
 
 
 def _expected(report: RunReport) -> bool:
-    """The test's body found every mismatch of the run itself (``collective_mismatches()``)."""
+    """The test's body found every mismatch of the run itself (``collective_mismatches()``), as
+    the members finally called it, and every member completed it (gloo ran it to its end)."""
     assert report.timeline is not None
-    seen = {(str(g), int(s)) for result in report.results.values() for g, s in result.mismatches_checked}
-    return report.timeline.mismatched() <= seen
+    seen = {(g, s): calls for result in report.results.values() for g, s, calls in result.mismatches_checked}
+    return all(done and seen.get(key) == calls for key, (calls, done) in report.timeline.mismatched().items())
 
 
 def _body_passed(report: RunReport, rank: int, body_passed: Set[int]) -> bool:

@@ -194,11 +194,16 @@ def test_getfixturevalue_in_a_fixture_evaluated_in_the_rank(inner) -> None:
 
 def test_a_shared_folder_asked_for_by_name_in_a_rank_is_refused_with_the_way_to_have_it(inner) -> None:
     """Made in the rank, each rank had a folder of its own (in a base folder of its own), and a
-    ``tmp_path`` made so failed the test at teardown with a bare KeyError of pytest's."""
+    ``tmp_path`` made so failed the test at teardown with a bare KeyError of pytest's. One the
+    test's fixtures include reaches the ranks, named as an argument or not."""
     ran = inner(
         """
         import pytest
         import torch.distributed as dist
+
+        @pytest.fixture
+        def workdir(tmp_path):
+            return tmp_path / "work"
 
         @pytest.mark.multirank(world_size=2)
         @pytest.mark.parametrize("name", ["shared_tmp_path", "tmp_path", "tmp_path_factory"])
@@ -210,10 +215,23 @@ def test_a_shared_folder_asked_for_by_name_in_a_rank_is_refused_with_the_way_to_
             paths = [None, None]
             dist.all_gather_object(paths, str(request.getfixturevalue("shared_tmp_path")))
             assert paths[0] == paths[1] == str(shared_tmp_path)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_through_a_fixture(rank, request, workdir):
+            assert request.getfixturevalue("tmp_path") == workdir.parent
+            assert request.getfixturevalue("shared_tmp_path") == workdir.parent
+            assert str(request.getfixturevalue("tmpdir")) == str(workdir.parent)
+
+        @pytest.mark.multirank(world_size=2)
+        @pytest.mark.usefixtures("tmp_path")
+        def test_used(rank, request):
+            paths = [None, None]
+            dist.all_gather_object(paths, str(request.getfixturevalue("tmp_path")))
+            assert paths[0] == paths[1]
         """
     )
-    ran.result.assert_outcomes(failed=3, passed=1)
-    for name in ("shared_tmp_path", "tmp_path", "tmp_path_factory"):
+    ran.result.assert_outcomes(failed=3, passed=3)
+    for name in ("tmp_path", "tmp_path_factory"):
         ran.lines(
             f"*rank 0: failed: LookupError: fixture '{name}' cannot be set up inside a rank (request.getfixturevalue):"
             " its folder is the one every rank of the test sees, made before the ranks start; name it as an argument"

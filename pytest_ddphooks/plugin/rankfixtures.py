@@ -45,11 +45,12 @@ RANK_LOCAL = frozenset(
     }
 )
 RANK_RESOLVED = RANK_LOCAL | {"request"}
-# folders every rank of a test sees, made in the pytest process before the ranks start: a rank
-# cannot make one of its own later (each would make another)
-MADE_BEFORE_THE_RANKS = frozenset(
-    {"tmp_path", "tmpdir", "shared_tmp_path", "node_tmp_path", "tmp_path_factory", "tmpdir_factory"}
-)
+# folders every rank of a test sees, made in the pytest process before the ranks start: they
+# reach the ranks whenever the test's fixtures include them, even unnamed by its arguments (a
+# body may ask for one by name), and a rank cannot make one of its own later (each would make
+# another); the others of the kind (tmpdir, shared_tmp_path) are made from them in the rank
+SHARED_FOLDERS = frozenset({"tmp_path", "tmpdir", "shared_tmp_path", "tmp_path_factory", "tmpdir_factory"})
+MADE_BEFORE_THE_RANKS = frozenset({"tmp_path", "node_tmp_path", "tmp_path_factory", "tmpdir_factory"})
 
 
 class FixtureNotSendable(Exception):
@@ -131,6 +132,9 @@ def needed_values(item: pytest.Function, dependent: list[str]) -> list[str]:
         want(name)
     for name in dependent:
         want(name)
+    for name in item._fixtureinfo.names_closure:
+        if name in SHARED_FOLDERS:
+            want(name)
     return wanted
 
 

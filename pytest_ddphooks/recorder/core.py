@@ -14,7 +14,7 @@ from . import active, distpatch, events, warnsite
 from .instrument import Undo, public_functions, public_methods, wrap
 from .log import EventLog
 from .native import NativeCalls
-from .timeline import Timeline
+from .timeline import Calls, Timeline
 
 # how long after a gap was found its flight-recorder entries may still be coming (torch writes one
 # a moment after it counted the call; measured here up to some milliseconds on a busy machine)
@@ -55,8 +55,9 @@ class Recorder(EventLog):
         self._closed = False
         self._native = NativeCalls()
         self._native_lock = threading.Lock()
-        # (group, seq) of the collective mismatches the test looked at itself (``collective_mismatches``)
-        self.mismatches_checked: set[tuple[str, int]] = set()
+        # (group, seq) -> what each member called, of the collective mismatches the test looked
+        # at itself (``collective_mismatches``)
+        self.mismatches_checked: dict[tuple[str, int], Calls] = {}
 
     # -- instrumentation ---------------------------------------------------------------------
 
@@ -198,4 +199,4 @@ class Recorder(EventLog):
         """The test looked at the mismatches of ``merged`` itself: where every rank then passes,
         it expected them, and the harness does not fail it as a desync (they travel with the
         rank's result)."""
-        self.mismatches_checked |= merged.mismatched()
+        self.mismatches_checked.update({key: calls for key, (calls, _) in merged.mismatched().items()})

@@ -192,7 +192,8 @@ def _excerpt(body: list[str], max_rows: int, focus: list[int]) -> list[str]:
         head = max_rows // 2
         tail = max_rows - head
         return [*body[:head], f"... {len(body) - max_rows} rows not shown ...", *body[-tail:]]
-    radius = max((max_rows // len(focus) - 1) // 2, 2)
+    focus = focus[: max(max_rows // 4, 1)]  # the first ones: each then has a row or more either side
+    radius = max((max_rows // len(focus) - 1) // 2, 0)
     shown = sorted({i for f in focus for i in range(max(f - radius, 0), min(f + radius + 1, len(body)))})
     out: list[str] = []
     last = -1

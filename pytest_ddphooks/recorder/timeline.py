@@ -62,6 +62,10 @@ class NoopBarrier:
         return f"no-op barrier: {self.name!r} on rank {self.rank} (event #{self.index}) {self.reason}"
 
 
+# what each member of a collective called: (rank, the signature of its call; None: it never entered it)
+Calls = tuple[tuple[int, "str | None"], ...]
+
+
 @dataclass(frozen=True)
 class Mismatch:
     """The first collective on a group where the members disagree."""
@@ -128,8 +132,11 @@ class Timeline:
         self.lanes: dict[tuple[int, int], str] = dict(lanes or {})
         self._idents = dict(idents or {})  # (rank, lane) -> its thread's ident
         # told when ``collective_mismatches()`` found some for its caller (the recorder that made
-        # the timeline: a test that looks at them itself expects them)
+        # the timeline: a test that looks at them itself expects them); not pickled
         self.on_mismatches_found: Callable[[Timeline], None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "on_mismatches_found": None}
 
     @classmethod
     def from_raw(cls, raw_by_rank: Mapping[int, Iterable[RawEvent]]) -> Timeline:
@@ -551,11 +558,13 @@ class Timeline:
     def _noop_reason(self, barrier: Span) -> str | None:
         """Why a framework barrier synchronised nothing; None if it did."""
         assert barrier.end is not None
+        if self._completed_on_other_threads(barrier):
+            return None  # it had another thread synchronise for it, and waited for that
+        if any(inst.native for inst in self._inside(barrier)):
+            # native code (DDP's constructor, torch.ops) issued collectives meanwhile on its thread,
+            # which wait out of sight: whose they were cannot be told, so they count for it
+            return None
         if not barrier.end.info.get("collectives", 1):
-            if self._completed_on_other_threads(barrier):
-                return None  # it had another thread synchronise for it, and waited for that
-            if any(inst.native for inst in self._inside(barrier)):
-                return None  # it issued collectives through native code (torch.ops), which waits out of sight
             if not barrier.start.info.get("group_existed", True):
                 return "issued no collective: no process group existed"
             if self._only_queued(barrier):
@@ -727,14 +736,19 @@ class Timeline:
         (a bad root the barrier's own code then caught)."""
         assert barrier.end is not None
         return any(
-            s.rank == barrier.rank
-            and s.start.lane == barrier.start.lane
-            and barrier.start.index < s.start.index < barrier.end.index
-            and s.end is not None
-            and s.end.info.get("issued") is False
-            for s in self._spans
-            if s.kind in (events.COLLECTIVE, events.P2P)
+            lane == barrier.start.lane and barrier.start.index < index < barrier.end.index
+            for index, lane in self._never_issued.get(barrier.rank, ())
         )
+
+    @cached_property
+    def _never_issued(self) -> dict[int, list[tuple[int, int]]]:
+        """Rank -> (index, lane) of the start of each collective call that raised before it
+        reached its group (few: looked through for each barrier)."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for s in self._spans:
+            if s.kind in (events.COLLECTIVE, events.P2P) and s.end is not None and s.end.info.get("issued") is False:
+                out.setdefault(s.rank, []).append((s.start.index, s.start.lane))
+        return out
 
     def never_waited(self) -> list[str]:
         """Asynchronous collectives and sends/receives whose completion no rank waited for."""
@@ -762,10 +776,7 @@ class Timeline:
         for group, insts in by_group.items():
             for inst in sorted(insts, key=lambda i: i.seq):
                 if not inst.consistent:
-                    calls: dict[int, str | None] = {m: None for m in inst.members}
-                    for r, e in inst.starts.items():
-                        calls[r] = collectives.signature(op_of(e), dict(e.info))
-                    out.append(Mismatch(group, inst.seq, calls, inst.members))
+                    out.append(Mismatch(group, inst.seq, _calls_of(inst), inst.members))
                     break
         out.sort(key=lambda m: (m.seq, m.group))
         out += self._oversized_messages()
@@ -773,11 +784,20 @@ class Timeline:
             self.on_mismatches_found(self)
         return out
 
-    def mismatched(self) -> set[tuple[str, int]]:
-        """(group, seq) of every collective the members disagree on, not only each group's first
-        (and of each receive whose message is larger than its buffer)."""
-        out = {(i.group, i.seq) for i in self.instances.values() if i.key[0] == "c" and not i.consistent}
-        return out | {(m.group, m.seq) for m in self._oversized_messages()}
+    def mismatched(self) -> dict[tuple[str, int], tuple[Calls, bool]]:
+        """(group, seq) -> what each member called, and whether every member completed it, of
+        every collective the members disagree on (not only each group's first) and of each
+        receive whose message is larger than its buffer (gloo aborts it)."""
+        out = {
+            (inst.group, inst.seq): (
+                tuple(sorted(_calls_of(inst).items())),
+                all(inst.completion(m) is not None for m in inst.members),
+            )
+            for inst in self.instances.values()
+            if inst.key[0] == "c" and not inst.consistent
+        }
+        out.update({(m.group, m.seq): (tuple(sorted(m.calls.items())), False) for m in self._oversized_messages()})
+        return out
 
     def _oversized_messages(self) -> list[Mismatch]:
         """Receives whose message holds more bytes than their buffer: gloo aborts such a
@@ -890,6 +910,14 @@ _NOOP_ALIKE = {
     _EMPTY: "issued only collectives on tensors with no element, which wait for nobody",
     _THREAD: "issued only collectives on threads it started, and waited for none of them before it returned",
 }
+
+
+def _calls_of(inst: Instance) -> dict[int, str | None]:
+    """Member -> what it called in ``inst`` (None: it never entered it)."""
+    calls: dict[int, str | None] = dict.fromkeys(inst.members)
+    for r, e in inst.starts.items():
+        calls[r] = collectives.signature(op_of(e), dict(e.info))
+    return calls
 
 
 def _raised(call: Span) -> tuple[int, str] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 PRELUDE = """
+import pickle
 import threading
 import time
 import pytest
@@ -668,6 +669,23 @@ def test_looked_at(rank, recorder):
     assert (found.group, found.seq) == ("default", 1)
     with pytest.raises(TimelineAssertionError, match="op=MAX"):
         tl.assert_collectives_match()
+    assert pickle.loads(pickle.dumps(tl)).collective_mismatches() == [found]  # what it tells the recorder is not kept
+
+@pytest.mark.multirank(world_size=2)
+def test_never_completed(rank, recorder):
+    work = dist.broadcast(torch.ones(4), src=rank, async_op=True)  # from each rank itself: no one receives
+    assert len(recorder.timeline().collective_mismatches()) == 1
+
+@pytest.mark.multirank(world_size=3)
+def test_a_member_came_after_the_look(rank, recorder):
+    ops = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN]
+    work = dist.all_reduce(torch.ones(4), op=ops[rank], async_op=True) if rank < 2 else None
+    (found,) = recorder.timeline().collective_mismatches()
+    assert found.calls[2] is None
+    if rank == 2:  # enters it after the look, calling yet another thing
+        dist.all_reduce(torch.ones(4), op=ops[rank])
+    else:
+        work.wait()
 
 @pytest.mark.multirank(world_size=2)
 def test_not_looked_at(rank, recorder):
@@ -686,7 +704,9 @@ def test_looked_at_one_of_two(rank, recorder):
     differing_ops(1 - rank)  # a second one, after the body looked
 """,
     )
-    result.assert_outcomes(passed=1, failed=3)
+    result.assert_outcomes(passed=1, failed=5)
+    result.stdout.fnmatch_lines(["*_ test_never_completed _*", "desync: collective #1 on the default group: *"])
+    result.stdout.fnmatch_lines(["*_ test_a_member_came_after_the_look _*", "desync: collective #1 on *"])
     desync = (
         "desync: collective #1 on the default group:"
         " rank 0 all_reduce(float32[[]4]), rank 1 all_reduce(float32[[]4], op=MAX)"

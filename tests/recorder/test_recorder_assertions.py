@@ -505,12 +505,17 @@ def test_a_failed_assertion_shows_the_rows_around_its_events() -> None:
     assert "... " in tl.swimlanes(max_rows=60) and "* a" not in tl.swimlanes(max_rows=60)
 
 
-def test_a_noop_barrier_is_shown_in_the_rows_around_it() -> None:
+@pytest.mark.parametrize("noops", [1, 600])
+def test_a_noop_barrier_is_shown_in_the_rows_around_it(noops: int) -> None:
     sim = Sim(2)
     for i in range(100):
         sim.coll("all_reduce")
         if i == 50:
-            sim.barrier_all(collective=False)
+            for _ in range(noops):
+                sim.barrier_all(collective=False)
     with pytest.raises(TimelineAssertionError) as raised:
         sim.timeline().assert_no_noop_barriers()
-    assert "(no-op)" in str(raised.value).split("\n\n", 1)[1]
+    lanes = str(raised.value).split("\n\n", 1)[1].splitlines()[2:]
+    assert "(no-op)" in "\n".join(lanes)
+    # around the first ones when there are many: about 60 rows, with what is left out said between
+    assert len([line for line in lanes if not line.startswith("...")]) <= 60 and len(lanes) <= 80

@@ -414,6 +414,17 @@ class Strategy:
         dist.all_reduce(torch.empty(0))
         dist.barrier()
 
+    def through_ddp(self):
+        dist.all_reduce(torch.empty(0))
+        # DDP's constructor broadcasts rank 0's parameters from native code, which waits for every rank
+        self.model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+
+    def through_a_thread(self):
+        dist.all_reduce(torch.empty(0))
+        worker = threading.Thread(target=dist.barrier)  # a plain thread: not the barrier's context
+        worker.start()
+        worker.join()
+
     def bad_group(self):
         try:  # torch refuses a group given by a name: no collective, and none the recorder could number
             dist.barrier(group="no-such-group")
@@ -438,14 +449,16 @@ def test_mixed_reasons_are_named_together(rank, recorder, shape, each):
     assert found[0].reason == f"issued only collectives that synchronised it with nobody before it returned: {each}"
 
 @pytest.mark.multirank(world_size=2)
-def test_one_real_collective_among_them_synchronises(rank, recorder):
+@pytest.mark.parametrize("shape", ["mixed_with_a_real_one", "through_ddp", "through_a_thread"])
+def test_one_real_collective_among_them_synchronises(rank, recorder, shape):
+    # a real one of its own, of native code on its thread, or of a thread it started and joined
     solos = [dist.new_group([0]), dist.new_group([1])]
-    strategy = recorder.instrument_barrier(Strategy(solos[rank]), "mixed_with_a_real_one")
-    strategy.mixed_with_a_real_one()
+    strategy = recorder.instrument_barrier(Strategy(solos[rank]), shape)
+    getattr(strategy, shape)()
     assert recorder.timeline().noop_barriers() == []
 """,
     )
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=5)
 
 
 def test_a_collective_on_a_thread_the_barrier_did_not_wait_for_synchronises_nothing(pytester) -> None:

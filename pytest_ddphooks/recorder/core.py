@@ -14,7 +14,7 @@ from . import active, distpatch, events, warnsite
 from .instrument import Undo, public_functions, public_methods, wrap
 from .log import EventLog
 from .native import NativeCalls
-from .timeline import Calls, Timeline
+from .timeline import Calls, Mismatch, Timeline, mismatch_calls
 
 # how long after a gap was found its flight-recorder entries may still be coming (torch writes one
 # a moment after it counted the call; measured here up to some milliseconds on a busy machine)
@@ -195,8 +195,8 @@ class Recorder(EventLog):
         merged.on_mismatches_found = self._mismatches_checked
         return merged
 
-    def _mismatches_checked(self, merged: Timeline) -> None:
-        """The test looked at the mismatches of ``merged`` itself: where every rank then passes,
-        it expected them, and the harness does not fail it as a desync (they travel with the
-        rank's result)."""
-        self.mismatches_checked.update({key: calls for key, (calls, _) in merged.mismatched().items()})
+    def _mismatches_checked(self, found: list[Mismatch]) -> None:
+        """The test was given these mismatches (each group's first) and looked at them itself:
+        where no rank then fails, it expected them, and the harness does not fail it as a
+        desync (they travel with the rank's result)."""
+        self.mismatches_checked.update({(m.group, m.seq): mismatch_calls(m) for m in found})

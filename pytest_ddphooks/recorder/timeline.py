@@ -131,9 +131,9 @@ class Timeline:
         self._by_rank = {rank: list(by_rank[rank]) for rank in sorted(by_rank)}
         self.lanes: dict[tuple[int, int], str] = dict(lanes or {})
         self._idents = dict(idents or {})  # (rank, lane) -> its thread's ident
-        # told when ``collective_mismatches()`` found some for its caller (the recorder that made
-        # the timeline: a test that looks at them itself expects them); not pickled
-        self.on_mismatches_found: Callable[[Timeline], None] | None = None
+        # told what ``collective_mismatches()`` gave its caller (the recorder that made the
+        # timeline: a test that looks at them itself expects them); not pickled
+        self.on_mismatches_found: Callable[[list[Mismatch]], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "on_mismatches_found": None}
@@ -556,15 +556,19 @@ class Timeline:
         return out
 
     def _noop_reason(self, barrier: Span) -> str | None:
-        """Why a framework barrier synchronised nothing; None if it did."""
+        """Why a framework barrier synchronised nothing; None if it did. What it synchronised
+        through: its own collectives, those native code issued on its thread meanwhile (DDP's
+        constructor, torch.ops: whose they are cannot be told, so they count for it), and those
+        of threads it started that completed them before it returned."""
         assert barrier.end is not None
-        if self._completed_on_other_threads(barrier):
-            return None  # it had another thread synchronise for it, and waited for that
-        if any(inst.native for inst in self._inside(barrier)):
-            # native code (DDP's constructor, torch.ops) issued collectives meanwhile on its thread,
-            # which wait out of sight: whose they were cannot be told, so they count for it
-            return None
-        if not barrier.end.info.get("collectives", 1):
+        own, unpaired = self._own(barrier)
+        known = {id(inst) for inst in own}
+        beside = []
+        for inst in (*(i for i in self._inside(barrier) if i.native), *self._joined(barrier)):
+            if id(inst) not in known:
+                known.add(id(inst))
+                beside.append(inst)
+        if not barrier.end.info.get("collectives", 1) and not beside:
             if not barrier.start.info.get("group_existed", True):
                 return "issued no collective: no process group existed"
             if self._only_queued(barrier):
@@ -575,7 +579,7 @@ class Timeline:
             if self._raised_before_issued(barrier):
                 return "issued no collective: the ones it called raised before they reached the group"
             return "issued no collective: the process group existed but no collective was called"
-        own, unpaired = self._own(barrier)
+        own = [*own, *beside]
         labelled = [(inst.label(), self._waits_for_nobody(inst, barrier)) for inst in own]
         # a call that was never one of a group's collectives (it raised before, or the recorder
         # could not describe it): one that raised synchronised nobody, of another nothing is known
@@ -689,25 +693,26 @@ class Timeline:
             for e in self._by_rank.get(barrier.rank, [])[barrier.start.index + 1 : barrier.end.index]
         )
 
-    def _completed_on_other_threads(self, barrier: Span) -> bool:
-        """Another thread of the rank, one the barrier started, entered a collective and
-        completed it before the barrier returned (``Thread(target=dist.barrier)``, started and
-        joined). A thread that was running before the barrier began (its ident among those the
-        barrier's start saw, or an event of it earlier) is not the barrier's: its collective
-        completing meanwhile is chance, not a wait."""
+    def _joined(self, barrier: Span) -> list[Instance]:
+        """The collectives other threads of the rank, ones the barrier started, entered and
+        completed before it returned (``Thread(target=dist.barrier)``, started and joined). A
+        thread that was running before the barrier began (its ident among those the barrier's
+        start saw, or an event of it earlier) is not the barrier's: its collective completing
+        meanwhile is chance, not a wait."""
         assert barrier.end is not None
         begun, returned = barrier.start.index, barrier.end.index
         running = set(barrier.start.info.get("running", ()))
         calls = self._completed_calls.get(barrier.rank, [])
         first = self._first_of_lane
-        for entered, lane, done in calls[bisect_right(calls, (begun, 1 << 62, 0)) :]:
+        out = []
+        for entered, lane, done, order in calls[bisect_right(calls, (begun, 1 << 62, 0, 0)) :]:
             if entered >= returned:
                 break
             if lane == barrier.start.lane or done >= returned or first[(barrier.rank, lane)] < begun:
                 continue
             if self._idents.get((barrier.rank, lane)) not in running:
-                return True
-        return False
+                out.append(self._entered_instances[order])
+        return out
 
     @cached_property
     def _first_of_lane(self) -> dict[tuple[int, int], int]:
@@ -719,14 +724,15 @@ class Timeline:
         return out
 
     @cached_property
-    def _completed_calls(self) -> dict[int, list[tuple[int, int, int]]]:
-        """Rank -> (index entered, lane, index completed) of each collective it completed, in order."""
-        out: dict[int, list[tuple[int, int, int]]] = {}
-        for inst in self.instances.values():
+    def _completed_calls(self) -> dict[int, list[tuple[int, int, int, int]]]:
+        """Rank -> (index entered, lane, index completed, place in ``_entered_instances``) of each
+        collective it completed, in order."""
+        out: dict[int, list[tuple[int, int, int, int]]] = {}
+        for order, inst in enumerate(self._entered_instances):
             for rank, start in inst.starts.items():
                 done = inst.completion(rank)
                 if done is not None:
-                    out.setdefault(rank, []).append((start.index, start.lane, done.index))
+                    out.setdefault(rank, []).append((start.index, start.lane, done.index, order))
         for calls in out.values():
             calls.sort()
         return out
@@ -781,7 +787,7 @@ class Timeline:
         out.sort(key=lambda m: (m.seq, m.group))
         out += self._oversized_messages()
         if out and self.on_mismatches_found is not None:
-            self.on_mismatches_found(self)
+            self.on_mismatches_found(out)
         return out
 
     def mismatched(self) -> dict[tuple[str, int], tuple[Calls, bool]]:
@@ -790,13 +796,13 @@ class Timeline:
         receive whose message is larger than its buffer (gloo aborts it)."""
         out = {
             (inst.group, inst.seq): (
-                tuple(sorted(_calls_of(inst).items())),
+                _calls(_calls_of(inst)),
                 all(inst.completion(m) is not None for m in inst.members),
             )
             for inst in self.instances.values()
             if inst.key[0] == "c" and not inst.consistent
         }
-        out.update({(m.group, m.seq): (tuple(sorted(m.calls.items())), False) for m in self._oversized_messages()})
+        out.update({(m.group, m.seq): (_calls(m.calls), False) for m in self._oversized_messages()})
         return out
 
     def _oversized_messages(self) -> list[Mismatch]:
@@ -918,6 +924,15 @@ def _calls_of(inst: Instance) -> dict[int, str | None]:
     for r, e in inst.starts.items():
         calls[r] = collectives.signature(op_of(e), dict(e.info))
     return calls
+
+
+def _calls(by_rank: Mapping[int, str | None]) -> Calls:
+    return tuple(sorted(by_rank.items()))
+
+
+def mismatch_calls(mismatch: Mismatch) -> Calls:
+    """What each member called in ``mismatch``, as ``Timeline.mismatched`` gives it."""
+    return _calls(mismatch.calls)
 
 
 def _raised(call: Span) -> tuple[int, str] | None:

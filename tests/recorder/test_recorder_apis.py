@@ -672,6 +672,13 @@ def test_looked_at(rank, recorder):
     assert pickle.loads(pickle.dumps(tl)).collective_mismatches() == [found]  # what it tells the recorder is not kept
 
 @pytest.mark.multirank(world_size=2)
+def test_a_second_one_it_was_not_given(rank, recorder):
+    differing_ops(rank)
+    dist.all_reduce(torch.ones(4), op=dist.ReduceOp.MIN if rank == 0 else dist.ReduceOp.SUM)
+    (found,) = recorder.timeline().collective_mismatches()  # each group's first only
+    assert found.seq == 1
+
+@pytest.mark.multirank(world_size=2)
 def test_never_completed(rank, recorder):
     work = dist.broadcast(torch.ones(4), src=rank, async_op=True)  # from each rank itself: no one receives
     assert len(recorder.timeline().collective_mismatches()) == 1
@@ -704,7 +711,8 @@ def test_looked_at_one_of_two(rank, recorder):
     differing_ops(1 - rank)  # a second one, after the body looked
 """,
     )
-    result.assert_outcomes(passed=1, failed=5)
+    result.assert_outcomes(passed=1, failed=6)
+    result.stdout.fnmatch_lines(["*_ test_a_second_one_it_was_not_given _*", "desync: collective #1 on the default *"])
     result.stdout.fnmatch_lines(["*_ test_never_completed _*", "desync: collective #1 on the default group: *"])
     result.stdout.fnmatch_lines(["*_ test_a_member_came_after_the_look _*", "desync: collective #1 on *"])
     desync = (

@@ -579,8 +579,8 @@ class Timeline:
             if self._raised_before_issued(barrier):
                 return "issued no collective: the ones it called raised before they reached the group"
             return "issued no collective: the process group existed but no collective was called"
-        own = [*own, *beside]
-        labelled = [(inst.label(), self._waits_for_nobody(inst, barrier)) for inst in own]
+        judged = [*own, *beside]
+        labelled = [(inst.label(), self._waits_for_nobody(inst, barrier)) for inst in judged]
         # a call that was never one of a group's collectives (it raised before, or the recorder
         # could not describe it): one that raised synchronised nobody, of another nothing is known
         labelled += [(call.name.removeprefix("dist."), _raised(call)) for call in unpaired]
@@ -593,7 +593,7 @@ class Timeline:
             return f"issued only collectives that synchronised it with nobody before it returned: {each}"
         kind = kinds.pop()
         if kind == _ASYNC:
-            calls = "sends or receives" if own and all(i.key[0] == "p" for i in own) else "collectives"
+            calls = "sends or receives" if judged and all(i.key[0] == "p" for i in judged) else "collectives"
             return f"issued only asynchronous {calls}, and waited for none of them before it returned"
         return _NOOP_ALIKE[kind]
 

@@ -240,6 +240,36 @@ def test_a_shared_folder_asked_for_by_name_in_a_rank_is_refused_with_the_way_to_
     assert "KeyError" not in ran.result.stdout.str()
 
 
+def test_a_projects_override_of_tmp_path_that_depends_on_the_rank_starts_from_one_folder(inner) -> None:
+    """An override ``tmp_path(tmp_path, rank)`` (a folder per rank under the test's) is set up in
+    each rank; pytest's own tmp_path it asks for was refused there (before: made anew in each
+    rank, in a base folder of its own). It is made in the pytest process, once for the test."""
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def tmp_path(tmp_path, rank):
+            folder = tmp_path / f"rank{rank}"
+            folder.mkdir()
+            return folder
+
+        @pytest.mark.multirank(world_size=2)
+        def test_per_rank(rank, tmp_path):
+            assert tmp_path.name == f"rank{rank}"
+            parents = [None, None]
+            dist.all_gather_object(parents, str(tmp_path.parent))
+            assert parents[0] == parents[1]
+            assert sorted(p.name for p in tmp_path.parent.iterdir()) == ["rank0", "rank1"]
+
+        def test_plain(tmp_path):  # outside a multirank test the one process is rank 0
+            assert tmp_path.name == "rank0"
+        """
+    )
+    ran.result.assert_outcomes(passed=2)
+
+
 def test_tmp_path_factory_reaches_the_ranks_after_the_session_used_it(inner) -> None:
     ran = inner(
         """

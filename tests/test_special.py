@@ -289,7 +289,13 @@ def test_a_special_test_that_skips_is_reported_like_any_skip(pytester, tmp_path)
     assert sorted(skipped) == ["test_special_skip", "test_special_skipif"]
 
 
-def test_a_failed_special_test_is_rerun_each_time_in_an_interpreter_of_its_own(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("given", ["command line", "PYTEST_ADDOPTS", "ini"])
+def test_a_failed_special_test_is_rerun_each_time_in_an_interpreter_of_its_own(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """Given in PYTEST_ADDOPTS or the ini file (addopts, or its own `reruns` key under
+    --strict-config), --reruns made every special test's interpreter refuse to start: it was
+    started without pytest-rerunfailures, which then read options it did not know."""
     pytester.makepyfile(
         test_rerun="""
         import os
@@ -311,10 +317,14 @@ def test_a_failed_special_test_is_rerun_each_time_in_an_interpreter_of_its_own(p
         """
     )
     base = pytester.path / "base"
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--reruns", "1", "--strict-markers", f"--basetemp={base}", "-rA",
-        timeout=300,
-    )  # fmt: skip
+    args = ["-p", "no:cacheprovider", "--strict-markers", "--strict-config", f"--basetemp={base}", "-rA"]
+    if given == "command line":
+        args += ["--reruns", "1"]
+    elif given == "PYTEST_ADDOPTS":
+        monkeypatch.setenv("PYTEST_ADDOPTS", "--reruns 1")
+    else:
+        pytester.makeini("[pytest]\nreruns = 1\naddopts = --reruns-delay 0\n")
+    result = pytester.runpytest_subprocess(*args, timeout=300)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*1 failed, 1 passed, 1 rerun*"])
     result.stdout.fnmatch_lines(["test_rerun.py R.F*"])

@@ -202,7 +202,8 @@ class MultirankHooks:
     ) -> None:
         markup = terminal_markup(self.config)
         node_dirs = self._node_dirs(item, run)
-        payload = rankbody.ItemPayload(item.nodeid, values, instance, node_dirs, markup, run.dependent)
+        base_tmp = self._base_tmp_path(item, run)
+        payload = rankbody.ItemPayload(item.nodeid, values, instance, node_dirs, markup, run.dependent, base_tmp)
         settings = self.ddp.settings
         active.exploration = Exploration.plan(
             item.nodeid,
@@ -212,7 +213,7 @@ class MultirankHooks:
         )
         if active.exploration is not None:
             tmp = {str(item.funcargs[n]) for n in ("tmp_path", "shared_tmp_path") if n in item.funcargs}
-            active.exploration.keep([*sorted(tmp), *node_dirs], self.ddp.folder())
+            active.exploration.keep([*sorted(tmp), *node_dirs, *([base_tmp] if base_tmp else [])], self.ddp.folder())
         job = self._job_for(item, run, payload=pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
         active.job = self._place(job, preparable=active.exploration is None)
         active.watch = self._launch(item, active.job)
@@ -294,6 +295,15 @@ class MultirankHooks:
             if run is not None and not is_special(candidate) and BAD_MARKER_KEY not in candidate.stash:
                 return candidate, run
         return None
+
+    def _base_tmp_path(self, item: pytest.Function, run: MultirankRun) -> str | None:
+        """pytest's own ``tmp_path`` for a test whose ``tmp_path`` is a project's override that
+        depends on the rank (a folder per rank under it): made here, as pytest makes it, so that
+        every rank's override starts from the one folder."""
+        if "tmp_path" not in run.dependent:
+            return None
+        factory = item._request.getfixturevalue("tmp_path_factory")
+        return str(factory.mktemp(safe_name(item.name)[:30], numbered=True))
 
     def _node_dirs(self, item: pytest.Function, run: MultirankRun) -> list[str]:
         if "node_tmp_path" not in run.dependent:

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,6 +55,8 @@ class ItemPayload:
     node_dirs: list[str]
     markup: bool = False
     dependent: list[str] = field(default_factory=list)  # the fixtures the rank sets up, in order
+    # pytest's own tmp_path, made here, for a test whose ``tmp_path`` is an override the rank sets up
+    base_tmp_path: str | None = None
 
 
 def register_items(items: list[pytest.Item]) -> None:
@@ -198,8 +201,6 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
         "restart_count": ctx.job.attempt,
     }
     if node_dir is not None:
-        from pathlib import Path
-
         builtins["node_tmp_path"] = Path(node_dir)
     fixtures: RankFixtures | None = None
     error: BaseException | None = None
@@ -219,7 +220,9 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
             if payload.instance_state is not None:
                 restore_test_state(item, payload.instance_state)
             _reseed_as_the_session(item, "setup")
-            fixtures = RankFixtures(item, values, builtins)
+            fixtures = RankFixtures(item, values, builtins, payload.dependent)
+            if payload.base_tmp_path is not None:
+                fixtures.set_base("tmp_path", Path(payload.base_tmp_path))
             # a finalizer the body adds (request.addfinalizer, request.node.addfinalizer) runs
             # in the rank's teardown: pytest's own setup state never saw this item here
             # (mypy checks a method assigned on an instance against the unbound one, self included)

@@ -330,10 +330,18 @@ class _BodyRequest:
 class RankFixtures:
     """Evaluates the rank-local and rank-dependent fixtures of one item inside a rank."""
 
-    def __init__(self, item: pytest.Function, values: dict[str, Any], builtins: dict[str, Any]) -> None:
+    def __init__(
+        self, item: pytest.Function, values: dict[str, Any], builtins: dict[str, Any], dependent: list[str]
+    ) -> None:
         self.item = item
         self.cache: dict[tuple[str, int], Any] = {(k, -1): v for k, v in {**values, **builtins}.items()}
         self.finalizers: list[Callable[[], object]] = []
+        self.dependent = dependent
+
+    def set_base(self, name: str, value: Any) -> None:
+        """The value of pytest's own definition of ``name``, which the test overrides with one
+        set up here (its overrides ask for it by the same name)."""
+        self.cache[(name, -len(_defs(self.item, name)))] = value
 
     def get(self, name: str, index: int = -1) -> Any:
         key = (name, index)
@@ -345,7 +353,7 @@ class RankFixtures:
             value: Any = mp
         elif name == "request":
             value = _BodyRequest(self.item._request, self.get)
-        elif name in MADE_BEFORE_THE_RANKS and index == -1:
+        elif name in MADE_BEFORE_THE_RANKS and name not in self.dependent:
             raise LookupError(
                 f"fixture {name!r} cannot be set up inside a rank (request.getfixturevalue): its folder is the"
                 " one every rank of the test sees, made before the ranks start; name it as an argument of the"

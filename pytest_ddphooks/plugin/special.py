@@ -163,8 +163,13 @@ def child_command(config: pytest.Config, item: pytest.Item, folder: str) -> list
     if config.pluginmanager.hasplugin("xdist"):
         args += ["-n", "0"]
     if config.pluginmanager.hasplugin("rerunfailures"):
-        # this session reruns a failed special test, each attempt in an interpreter of its own
-        args = [*_without_options_of(config, "--reruns", args), "-p", "no:rerunfailures"]
+        # this session reruns a failed special test, each attempt in an interpreter of its own:
+        # the child reruns nothing, yet keeps the plugin, whose options and ini keys it reads too
+        # (from addopts, PYTEST_ADDOPTS, the ini file) and would refuse unknown without it
+        if hasattr(config.option, "force_reruns"):
+            args.append("--force-reruns=0")
+        else:  # an older pytest-rerunfailures: no way to say none but to leave it out
+            args = [*_without_options_of(config, "--reruns", args), "-p", "no:rerunfailures"]
     if config.pluginmanager.hasplugin("_cov"):
         # measured by the session's own configuration, combined into the session's data
         args.append("--no-cov")

@@ -115,10 +115,27 @@ def test_fabric_rank_zero_first_without_its_barrier(rank, recorder, monkeypatch)
         recorder.mark("download")
     with pytest.raises(TimelineAssertionError):
         recorder.timeline().assert_happens_before("download@0", "download@1")
+
+
+@pytest.mark.multirank(world_size=2, init_process_group=False)
+@pytest.mark.parametrize("its_barrier", ["kept", "gone"])
+def test_rank_zero_first_is_a_barrier_of_its_own(rank, recorder, monkeypatch, its_barrier):
+    # a @contextmanager barrier: its _InfiniteBarrier's collectives are its own, the block's are not
+    if its_barrier == "gone":
+        no_infinite_barrier(monkeypatch)
+    recorder.instrument_barrier(Fabric, "rank_zero_first")
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    fabric.launch()
+    with fabric.rank_zero_first():
+        if its_barrier == "gone":
+            fabric.barrier()  # the block's own synchronisation (kept, rank 0 would wait here for rank 1)
+    found = [(nb.rank, nb.name) for nb in recorder.timeline().noop_barriers()]
+    assert found == ([] if its_barrier == "kept" else [(0, "rank_zero_first"), (1, "rank_zero_first")])
 """
 
 ACCELERATE = """
 import pytest
+import torch
 from accelerate import PartialState
 from pytest_ddphooks import TimelineAssertionError
 
@@ -143,6 +160,19 @@ def test_main_process_first_without_wait_for_everyone(rank, recorder, monkeypatc
         recorder.mark("download")
     with pytest.raises(TimelineAssertionError, match="'download@0' does not happen before 'download@1'"):
         recorder.timeline().assert_happens_before("download@0", "download@1")
+
+
+@pytest.mark.multirank(world_size=2, init_process_group=False)
+@pytest.mark.parametrize("waits", ["kept", "gone"])
+def test_main_process_first_is_a_barrier_of_its_own(rank, recorder, monkeypatch, waits):
+    state = PartialState(cpu=True)
+    if waits == "gone":
+        monkeypatch.setattr(type(state), "wait_for_everyone", lambda self: None)
+    recorder.instrument_barrier(type(state), "main_process_first")
+    with state.main_process_first():
+        torch.distributed.barrier()  # the block's own synchronisation: not the barrier's
+    found = [(nb.rank, nb.name) for nb in recorder.timeline().noop_barriers()]
+    assert found == ([] if waits == "kept" else [(0, "main_process_first"), (1, "main_process_first")])
 """
 
 TORCH_PARALLEL = """
@@ -233,13 +263,13 @@ def _run(pytester: pytest.Pytester, source: str) -> pytest.RunResult:
 @pytest.mark.skipif(not HAVE_LIGHTNING, reason="lightning is not installed (ci/constraints.txt pins it)")
 def test_lightning(pytester) -> None:
     result = _run(pytester, LIGHTNING)
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=7)
 
 
 @pytest.mark.skipif(not HAVE_ACCELERATE, reason="accelerate is not installed (ci/constraints.txt pins it)")
 def test_accelerate(pytester) -> None:
     result = _run(pytester, ACCELERATE)
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=4)
 
 
 def test_fsdp2_dtensor_functional_ddp(pytester) -> None:

@@ -479,7 +479,7 @@ def run_recorded(
             if info.get("op") == "monitored_barrier" and "seq" in info:
                 rec.unnumber(("monitored", group), int(info["seq"]))
         rec.counted(group, call.counter, counter_after, call.p2p, ops, failed=True)
-        rec.end(call_id, kind, name, failed, started=info)
+        rec.end(call_id, kind, name, failed)
         raise
     _tls.depth = 0
     out: dict[str, Any] | None = None

@@ -77,7 +77,8 @@ def _issues(info: dict[str, Any] | None) -> bool:
 
 
 def _uncount(call_id: int) -> None:
-    """A collective counted as issued at its start never reached its group."""
+    """A collective counted as issued at its start never reached its group (one that was not
+    counted, as it issued nothing, is in no list)."""
     for issued in _counting.get():
         if call_id in issued:
             issued.remove(call_id)
@@ -303,23 +304,18 @@ class EventLog:
         try:
             self._emit(kind, START, name, info, call_id, static, numbered)
         except BaseException as exc:
-            self._never_ran(kind, name, call_id, info, exc)
+            self._never_ran(kind, name, call_id, exc)
             raise
         return call_id
 
-    def _never_ran(self, kind: str, name: str, call_id: int, info: dict[str, Any] | None, exc: BaseException) -> None:
+    def _never_ran(self, kind: str, name: str, call_id: int, exc: BaseException) -> None:
         """A call whose start raised (a fault injected there): it ends at once with that error,
         and a collective of it was never issued (the next call takes its place in the group)."""
         ended: dict[str, Any] = {"error": error_text(exc)}
         if kind in _SYNC_KINDS:
             ended["issued"] = False
-            self._unissued(call_id, info)
-        self._emit(kind, END, name, ended, call_id, triggers=False)
-
-    def _unissued(self, call_id: int, info: dict[str, Any] | None) -> None:
-        """A collective counted as issued at its start never reached its group."""
-        if _issues(info):
             _uncount(call_id)
+        self._emit(kind, END, name, ended, call_id, triggers=False)
 
     def end(
         self,
@@ -328,12 +324,11 @@ class EventLog:
         name: str,
         info: dict[str, Any] | None = None,
         static: dict[str, Any] | None = None,
-        started: dict[str, Any] | None = None,
     ) -> None:
-        """The end of a call (``started``: its start's info, for a collective that raised
-        before it reached its group: it was counted as issued)."""
+        """The end of a call (a collective that raised before it reached its group was counted
+        as issued by the barriers around it: it is taken back)."""
         if info is not None and info.get("issued") is False and kind in _SYNC_KINDS:
-            self._unissued(call_id, started)
+            _uncount(call_id)
         self._emit(kind, END, name, info, call_id, static)
 
     def mark(self, name: str, /, **info: Any) -> None:

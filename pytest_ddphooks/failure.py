@@ -560,7 +560,7 @@ def _expected(report: RunReport) -> bool:
     """The test's body found every mismatch of the run itself (``collective_mismatches()``), as
     the members finally called it, and every member completed it (gloo ran it to its end)."""
     assert report.timeline is not None
-    seen = {(g, s): calls for result in report.results.values() for g, s, calls in result.mismatches_checked}
+    seen = {key: calls for result in report.results.values() for key, calls in result.mismatches_checked.items()}
     return all(done and seen.get(key) == calls for key, (calls, done) in report.timeline.mismatched().items())
 
 

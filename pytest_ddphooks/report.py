@@ -40,9 +40,9 @@ class RankResult:
     xml_attributes: list[tuple[str, str]] = field(default_factory=list)  # record_xml_attribute
     error_class: bytes | None = None  # the failure's exception class, pickled (xfail(raises=...) reads it)
     exit_request: tuple[str, int | None] | None = None  # pytest.exit(msg, returncode) in the rank
-    # (group, seq, what each member called) of the collective mismatches the body looked at itself
-    # (``collective_mismatches()``)
-    mismatches_checked: list[tuple[str, int, Calls]] = field(default_factory=list)
+    # (group, seq) -> what each member called, of the collective mismatches the body looked at
+    # itself (``collective_mismatches()``): the rank's recorder's
+    mismatches_checked: dict[tuple[str, int], Calls] = field(default_factory=dict)
 
     def write(self, path: str) -> None:
         tmp = path + ".tmp"

@@ -300,17 +300,12 @@ class MultirankHooks:
         """pytest's own ``tmp_path`` for a test whose ``tmp_path`` is a project's override that
         depends on the rank (a folder per rank under it): made here, as pytest makes it, so that
         every rank's override starts from the one folder."""
-        if "tmp_path" not in run.dependent:
-            return None
-        factory = item._request.getfixturevalue("tmp_path_factory")
-        return str(factory.mktemp(safe_name(item.name)[:30], numbered=True))
+        return _test_folder(item) if "tmp_path" in run.dependent else None
 
     def _node_dirs(self, item: pytest.Function, run: MultirankRun) -> list[str]:
         if "node_tmp_path" not in run.dependent:
             return []
-        factory = item._request.getfixturevalue("tmp_path_factory")
-        base = safe_name(item.name)[:30]
-        return [str(factory.mktemp(f"{base}-node{k}", numbered=True)) for k in range(run.spec.nodes)]
+        return [_test_folder(item, f"-node{k}") for k in range(run.spec.nodes)]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
@@ -510,3 +505,9 @@ class MultirankHooks:
         )
         if leaked:
             item.stash[RANK_LEAKS_KEY] = [*item.stash.get(RANK_LEAKS_KEY, []), *leaked]
+
+
+def _test_folder(item: pytest.Function, suffix: str = "") -> str:
+    """A new folder for the test under the session's base folder, named as pytest names one."""
+    factory = item._request.getfixturevalue("tmp_path_factory")
+    return str(factory.mktemp(safe_name(item.name)[:30] + suffix, numbered=True))

@@ -118,7 +118,7 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
         _assertion_hooks(item),
     ):
         result = _run_body(item, payload, ctx)
-    result.mismatches_checked = [(*key, calls) for key, calls in ctx.recorder.mismatches_checked.items()]
+    result.mismatches_checked = ctx.recorder.mismatches_checked
     # what the body recorded for the junit report (record_property, record_testsuite_property)
     result.properties = [_sendable(p) for p in item.user_properties[had[0] :]]
     result.suite_properties = [_sendable(p) for p in xml.global_properties[had[1] :]] if xml is not None else []

@@ -512,7 +512,7 @@ class SpmdHooks:
         markup = terminal_markup(self.config)
         result = outcome_of(item, self.rank, error, "call", time.monotonic() - started, markup)
         result.sections.extend(_captured_output(item))  # every rank's is shown on rank 0, labelled
-        result.mismatches_checked = [(*key, calls) for key, calls in recorder.mismatches_checked.items()]
+        result.mismatches_checked = recorder.mismatches_checked
         if error is not None:
             # a failed body's frames hold what it made (a group of its own, with its sockets):
             # the result has what it needed of them

@@ -14,7 +14,7 @@ from . import active, distpatch, events, warnsite
 from .instrument import Undo, public_functions, public_methods, wrap
 from .log import EventLog
 from .native import NativeCalls
-from .timeline import Calls, Mismatch, Timeline, mismatch_calls
+from .timeline import Calls, Mismatch, Timeline
 
 # how long after a gap was found its flight-recorder entries may still be coming (torch writes one
 # a moment after it counted the call; measured here up to some milliseconds on a busy machine)
@@ -199,4 +199,4 @@ class Recorder(EventLog):
         """The test was given these mismatches (each group's first) and looked at them itself:
         where no rank then fails, it expected them, and the harness does not fail it as a
         desync (they travel with the rank's result)."""
-        self.mismatches_checked.update({(m.group, m.seq): mismatch_calls(m) for m in found})
+        self.mismatches_checked.update({(m.group, m.seq): m.called for m in found})

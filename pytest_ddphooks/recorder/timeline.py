@@ -77,6 +77,11 @@ class Mismatch:
     what: str = ""  # what it is, where not "collective #seq" (a send and its receive)
     why: str = ""  # why the backend takes the calls as a mismatch, where it is not plain
 
+    @property
+    def called(self) -> Calls:
+        """What each member called, in rank order: the same on every rank and after pickling."""
+        return tuple(sorted(self.calls.items()))
+
     def __str__(self) -> str:
         label = collectives.group_label(self.group, list(self.group_ranks) if self.group != "default" else None)
         parts = []
@@ -796,13 +801,13 @@ class Timeline:
         receive whose message is larger than its buffer (gloo aborts it)."""
         out = {
             (inst.group, inst.seq): (
-                _calls(_calls_of(inst)),
+                Mismatch(inst.group, inst.seq, _calls_of(inst), inst.members).called,
                 all(inst.completion(m) is not None for m in inst.members),
             )
             for inst in self.instances.values()
             if inst.key[0] == "c" and not inst.consistent
         }
-        out.update({(m.group, m.seq): (_calls(m.calls), False) for m in self._oversized_messages()})
+        out.update({(m.group, m.seq): (m.called, False) for m in self._oversized_messages()})
         return out
 
     def _oversized_messages(self) -> list[Mismatch]:
@@ -924,15 +929,6 @@ def _calls_of(inst: Instance) -> dict[int, str | None]:
     for r, e in inst.starts.items():
         calls[r] = collectives.signature(op_of(e), dict(e.info))
     return calls
-
-
-def _calls(by_rank: Mapping[int, str | None]) -> Calls:
-    return tuple(sorted(by_rank.items()))
-
-
-def mismatch_calls(mismatch: Mismatch) -> Calls:
-    """What each member called in ``mismatch``, as ``Timeline.mismatched`` gives it."""
-    return _calls(mismatch.calls)
 
 
 def _raised(call: Span) -> tuple[int, str] | None:

@@ -31,13 +31,19 @@ ENV = "COVERAGE_PROCESS_CONFIG"
 CONTEXT_ENV = "DDPHOOKS_COV_CONTEXT"  # "test": measure each phase of a test in its own context
 
 
+_switched = False  # this process measured phases in contexts of their own: its data has them
+
+
 def switch_to_test_context(nodeid: str, when: str) -> None:
-    """In a special test's interpreter under ``--cov-context=test``: what follows is measured
-    in the context pytest-cov gives that phase of the test (``nodeid|run`` for its call)."""
+    """In a special test's interpreter or a rank under ``--cov-context=test``: what follows is
+    measured in the context pytest-cov gives that phase of the test (``nodeid|run`` for its
+    call)."""
+    global _switched
     cov = measuring()
     if cov is not None and os.environ.get(CONTEXT_ENV) == "test":
         with contextlib.suppress(Exception):
             cov.switch_context(f"{nodeid}|{'run' if when == 'call' else when}")
+            _switched = True
 
 
 def _coverage() -> Any | None:
@@ -264,7 +270,8 @@ def measured_by(cov: Any | None) -> Measured | None:
         return None
     try:
         form = _form(cov)
-        if form is None or form != _session_form or cov.config.dynamic_context:
+        # merged in the pytest process, the lines would all take its context of the moment
+        if form is None or form != _session_form or cov.config.dynamic_context or _switched:
             return None
         collector = cov._collector
         data = {name: set(found) for name, found in collector.data.items() if found}
@@ -330,5 +337,14 @@ def combine_into_session(folder: str) -> int:
         return 0
     found = glob.glob(os.path.join(folder, os.path.basename(cov.config.data_file) + ".*"))
     if found:
-        cov.combine(data_paths=found, keep=False)
+        # coverage's "Combined N files" would land in pytest's progress line: the user never
+        # asked for a combine, this is the harness's own bookkeeping
+        said = getattr(cov, "_messages", None)
+        if said is not None:
+            cov._messages = False
+        try:
+            cov.combine(data_paths=found, keep=False)
+        finally:
+            if said is not None:
+                cov._messages = said
     return len(found)

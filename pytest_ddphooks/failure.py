@@ -360,10 +360,20 @@ def _calls_of(report: RunReport, rank: int, at: str) -> str:
     """How often the rank reached what a point counts: ``rank 1 made 1 all_reduce call``."""
     point = parse_point(at)
     found = report.timeline.events_of(rank) if report.timeline is not None else []
-    n = sum(1 for e in found if point.matches(e.kind, e.phase, e.name))
+    matching = [e for e in found if point.matches(e.kind, e.phase, e.name)]
+    n = len(matching)
     if point.name.startswith("dist.") and point.phase == "start":
         op = point.name.removeprefix("dist.")
-        return f"rank {rank} made {n} {op} call{'' if n == 1 else 's'}"
+        # read from torch's flight recorder afterwards: no point a fault could act at
+        unseen = sum(1 for e in matching if e.info.get("native"))
+        if not unseen:
+            return f"rank {rank} made {n} {op} call{'' if n == 1 else 's'}"
+        return (
+            f"rank {rank} made {n - unseen} {op} call{'' if n - unseen == 1 else 's'} a fault can act at, and"
+            f" {unseen} more that native code issued (DDP's gradient buckets, a compiled graph) or that a Recorder"
+            " of the test's own took, which the harness sees only afterwards (for DDP, a Python comm hook makes"
+            " each bucket's all-reduce a point)"
+        )
     what = {"start": "started", "end": "ended", "point": "marked"}[point.phase]
     return f"rank {rank} {what} {point.name!r} {n} time{'' if n == 1 else 's'}"
 

@@ -60,7 +60,7 @@ def parse_point(at: Any) -> Point:
     body, sep, count = text.rpartition("#")
     if not sep:
         body, count = text, "1"
-    if not count.isdigit() or int(count) < 1:
+    if not (count.isascii() and count.isdigit()) or int(count) < 1:
         raise FaultError(f"at={at!r}: the count after '#' must be a number >= 1")
     n = int(count)
     if body.startswith("dist."):
@@ -122,19 +122,32 @@ def _ranks(rank: Any, world_size: int) -> tuple[int, ...]:
     return tuple(sorted(set(ranks)))
 
 
+# signals whose default action stops the process: faults.stop() is the fault that freezes a rank
+_STOPPING = frozenset(
+    int(getattr(signals, name)) for name in ("SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU") if hasattr(signals, name)
+)
+
+
 def _signal(value: Any) -> int:
     if isinstance(value, str):
         try:
             name = value.strip().upper()
-            return int(signals.Signals[name if name.startswith("SIG") else "SIG" + name])
+            number = int(signals.Signals[name if name.startswith("SIG") else "SIG" + name])
         except KeyError:
             raise FaultError(f"signal={value!r}: not a signal name (e.g. 'SIGKILL', 'SIGTERM')") from None
-    if isinstance(value, int) and not isinstance(value, bool):
+    elif isinstance(value, int) and not isinstance(value, bool):
         try:
-            return int(signals.Signals(value))
+            number = int(signals.Signals(value))
         except ValueError:
             raise FaultError(f"signal={value!r}: not a signal number") from None
-    raise FaultError(f"signal={value!r}: give a signal name such as 'SIGKILL'")
+    else:
+        raise FaultError(f"signal={value!r}: give a signal name such as 'SIGKILL'")
+    if number in _STOPPING:
+        raise FaultError(
+            f"signal={value!r}: {signals.Signals(number).name} stops the rank rather than killing it:"
+            " use faults.stop(rank, at), which freezes it and kills it at the end of the test"
+        )
+    return number
 
 
 @dataclass

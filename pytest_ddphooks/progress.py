@@ -298,8 +298,13 @@ class RankProgress:
     def _absent(self, rank: int, info: dict[str, Any], finished: dict[int, str], world_size: int) -> list[int]:
         sync = info.get("sync")
         if sync == JOIN:
-            op = str(info.get("op"))
-            return [m for m in sorted(finished) if self._of(m).joins.get(op, 0) < int(info.get("join", 1))]
+            op, n = str(info.get("op")), int(info.get("join", 1))
+            # one killed inside it never completes its part, as one that never called it
+            return [
+                m
+                for m in sorted(finished)
+                if self._of(m).joins.get(op, 0) < n or (finished[m] == KILLED and _joining(self._of(m), op, n))
+            ]
         # sends and receives are counted by group ranks, as the calls name their peers
         if sync == collectives.RECV:
             src = info.get("src")
@@ -347,6 +352,13 @@ class RankProgress:
 
 
 KILLED = "killed"  # how a rank an injected fault killed left the test
+
+
+def _joining(state: _Rank, op: str, n: int) -> bool:
+    """Whether the rank is inside its ``n``-th call of ``op`` (a join), not returned from it."""
+    return any(v.get("sync") == JOIN and v.get("op") == op and v.get("join") == n for v in state.inside.values())
+
+
 _MAIN_LANE = 0  # a rank's event log numbers its main thread's lane first
 
 

@@ -102,17 +102,22 @@ def write_python_stacks(path: str) -> None:
 
 def _deepened(stacks: Stacks, deeper: str, wait: float) -> Stacks:
     """``stacks`` with each thread faulthandler cut short taken whole from ``deeper`` (what a
-    thread of the process wrote, once it could run), where it came within ``wait`` seconds."""
-    if not any(t.cut for t in stacks.threads):
+    thread of the process wrote, once it could run), where it came within ``wait`` seconds.
+    No stacks at all (the code under test took the signal for a handler of its own, or
+    ignores it): all of them from ``deeper``."""
+    if stacks.threads and not any(t.cut for t in stacks.threads):
         return stacks
     deadline = time.monotonic() + wait
     while not os.path.exists(deeper) and time.monotonic() < deadline:
         time.sleep(0.01)
     try:
         with open(deeper, encoding="utf-8", errors="replace") as f:
-            whole = {t.ident: t for t in parse_stacks(f.read()).threads}
+            answered = parse_stacks(f.read())
     except OSError:
         return stacks
+    if not stacks.threads:
+        return answered
+    whole = {t.ident: t for t in answered.threads}
     for t in stacks.threads:
         found = whole.get(t.ident)
         if t.cut and found is not None and len(found.frames) > len(t.frames):
@@ -160,14 +165,16 @@ def dump_stacks(
                 steady.add(key)
             sizes[key] = size
     out = {}
-    for key, (_, path) in targets.items():
+    for key, (pid, path) in targets.items():
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 out[key] = parse_stacks(f.read())
         except FileNotFoundError:
             out[key] = Stacks()
         if key in deeper:
-            out[key] = _deepened(out[key], deeper[key][1], 2.0)  # only a stack cut short waits for it
+            # only a stack cut short, or none from a process still there, waits for it
+            running = bool(out[key].threads) or procs.is_running(pid)
+            out[key] = _deepened(out[key], deeper[key][1], 2.0 if running else 0.0)
     return out
 
 

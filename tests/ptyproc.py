@@ -23,11 +23,12 @@ class PtyProcess:
         self.output = b""
         self.status: int | None = None
 
-    def expect(self, text: str, timeout: float = 60.0) -> str:
-        """Read until ``text`` appears; returns everything read so far."""
+    def expect(self, text: str, timeout: float = 60.0, since: int = 0) -> str:
+        """Read until ``text`` appears (after the first ``since`` bytes of output); returns
+        everything read so far."""
         wanted = text.encode()
         deadline = time.monotonic() + timeout
-        while wanted not in self.output:
+        while wanted not in self.output[since:]:
             left = deadline - time.monotonic()
             ready, _, _ = select.select([self.fd], [], [], max(left, 0))
             if not ready:

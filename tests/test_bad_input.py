@@ -32,6 +32,7 @@ def test_x(rank):
         ),
         ([], "ddp_timeout = abc", "ini ddp_timeout = abc: not a number of seconds"),
         (["--ddp-spmd=on"], "", "--ddp-spmd=on needs the environment torchrun gives its ranks*"),
+        (["--ddp-pdb-rank=1.5"], "", "--ddp-pdb-rank=1.5: a rank is a whole number >= 0"),
     ],
 )
 def test_a_bad_option_stops_the_run_once_at_start(pytester, args, ini, words) -> None:
@@ -309,3 +310,37 @@ def test_an_empty_choice_in_the_ini_file_is_its_default(pytester) -> None:
     pytester.makeini("[pytest]\nddp_leaks =\nddp_spmd =\n")
     pytester.makepyfile(test_ok=MULTIRANK_TEST)
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_a_current_folder_a_fixture_removed_is_named_not_a_traceback(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture
+        def gone(tmp_path):
+            back = os.getcwd()
+            work = tmp_path / "work"
+            work.mkdir()
+            os.chdir(work)
+            work.rmdir()
+            yield
+            os.chdir(back)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_in_a_removed_folder(rank, gone):
+            pass
+
+        @pytest.mark.multirank(world_size=2)
+        def test_next(rank):
+            pass
+        """
+    )
+    ran.result.assert_outcomes(errors=1, passed=1)
+    ran.lines(
+        "the current folder was removed before the ranks could start in it (os.getcwd() fails): ranks start in the"
+        " folder the test runs in, so a fixture that changes into a folder must leave it in place while the test"
+        " runs, or change back before it removes it"
+    )
+    ran.no_lines("*multirank.py*")

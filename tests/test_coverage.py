@@ -153,6 +153,7 @@ def test_coverage_run_counts_them_too_and_a_spawned_child(project) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "Combined " not in done.stdout + done.stderr, "the harness's combining is not the user's to read"
     report = subprocess.run(
         [sys.executable, "-m", "coverage", "report", "-m"], cwd=project.path, capture_output=True, text=True
     )
@@ -282,6 +283,37 @@ def test_with_test_contexts_a_ranks_lines_belong_to_its_test(project) -> None:
     # line 4: `return "other"`, run on rank 1 only; line 3 on rank 0 only
     assert contexts["4"] == ["test_only_ranks.py::test_branches|run"], contexts
     assert contexts["3"] == ["test_only_ranks.py::test_branches|run"], contexts
+
+
+def test_with_test_contexts_a_ranks_fixture_lines_belong_to_its_setup_and_teardown(project) -> None:
+    # as pytest-cov has it for a plain test: a fixture's code before its yield is the test's
+    # "setup", after it the "teardown", the body's the "run"
+    project.makepyfile(
+        test_phases="""
+        import pytest
+        from mypkg.code import in_spawned_child, in_special, on_rank
+
+        @pytest.fixture
+        def prepared(rank):
+            in_special()
+            yield
+            in_spawned_child()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_phases(rank, prepared):
+            on_rank(rank)
+        """
+    )
+    (project.path / ".coveragerc").write_text("[json]\nshow_contexts = True\n")
+    result = _with_cov(project, "--cov-context=test", "--cov-report=json", "test_phases.py")
+    result.assert_outcomes(passed=1)
+    import json
+
+    contexts = json.loads((project.path / "coverage.json").read_text())["files"]["mypkg/code.py"]["contexts"]
+    # line 9: in_special's return, 13: in_spawned_child's, 3 and 4: on_rank's branches
+    assert contexts["9"] == ["test_phases.py::test_phases|setup"], contexts
+    assert contexts["13"] == ["test_phases.py::test_phases|teardown"], contexts
+    assert contexts["3"] == contexts["4"] == ["test_phases.py::test_phases|run"], contexts
 
 
 def test_with_test_contexts_a_special_tests_lines_belong_to_it(project) -> None:

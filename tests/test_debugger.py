@@ -3,6 +3,7 @@ in a rank stops that rank and lends it the terminal. Run under a pseudo-terminal
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -96,6 +97,15 @@ def test_a_pdb_rank_the_test_does_not_have_is_said(pytester: pytest.Pytester) ->
     proc = PtyProcess(argv, str(pytester.path))
     assert proc.wait() == 1
     assert "--ddp-pdb-rank=5: this test has ranks 0..1; no rank opened pdb" in proc.text
+    assert "post-mortem of its failure" not in proc.text
+
+
+def test_a_pdb_rank_that_did_not_fail_is_said(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_fails=FAILS)  # rank 1 fails, rank 0 passes
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pdb", "--ddp-pdb-rank=0", "test_fails.py"]
+    proc = PtyProcess(argv, str(pytester.path))
+    assert proc.wait() == 1
+    assert "--ddp-pdb-rank=0: rank 0 did not fail here, so no rank opened pdb (rank 1 failed)" in proc.text
     assert "post-mortem of its failure" not in proc.text
 
 
@@ -280,3 +290,91 @@ def test_a_breakpoint_in_a_special_test_without_a_terminal_is_passed_over(pytest
     pytester.makepyfile(test_special_break=SPECIAL_BREAKS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1")
     result.assert_outcomes(passed=2)  # an xdist worker has no terminal to lend
+
+
+def test_trace_stops_each_rank_at_the_tests_first_line_and_the_test_still_runs(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_traced="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_always_fails(rank):
+            first = f"line one on rank {rank}"
+            assert False, "the body ran"
+        """
+    )
+    proc = PtyProcess(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--trace", "test_traced.py"], str(pytester.path)
+    )
+    seen = 0  # what was on the terminal before the last line typed
+    for _ in range(2):  # the ranks take turns at the terminal
+        proc.expect("--trace, at the test's first line", since=seen)
+        for line, shows in (("n", "(Pdb) "), ("p first", "'line one on rank "), ("c", "")):
+            proc.expect("(Pdb) ", since=seen)
+            seen = len(proc.output)
+            proc.send(line)
+            proc.expect(shows, since=seen)
+    assert proc.wait() == 1, proc.text
+    assert "1 failed" in proc.text and "AssertionError: the body ran" in proc.text
+
+
+def test_quitting_under_trace_fails_the_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_traced="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=1, timeout=60)
+        def test_passes(rank):
+            assert True
+        """
+    )
+    proc = PtyProcess(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--trace", "test_traced.py"], str(pytester.path)
+    )
+    proc.expect("--trace, at the test's first line")
+    proc.expect("(Pdb) ")
+    proc.send("q")
+    assert proc.wait() == 1, proc.text
+    assert "rank 0: failed: the debugger was quit (q) in this rank" in proc.text
+
+
+@pytest.mark.parametrize("call", ["pytest.set_trace()", "pdb.set_trace()"])
+def test_pytest_and_pdb_set_trace_in_a_rank_lend_it_the_terminal(pytester: pytest.Pytester, call: str) -> None:
+    pytester.makepyfile(
+        test_break=f"""
+        import pdb
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_stops_on_rank1(rank):
+            x = 40 + rank
+            if rank == 1:
+                {call}
+                x += 1
+            dist.barrier()
+            assert x == 40 + 2 * rank
+        """
+    )
+    proc = PtyProcess([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_break.py"], str(pytester.path))
+    _look_and_continue(proc, "rank 1: breakpoint", "p x", "41")
+    assert proc.wait() == 0, proc.text
+    assert "1 passed" in proc.text
+
+
+def test_ctrl_c_at_a_ranks_prompt_keeps_the_session_as_pdb_does(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_fails=FAILS)
+    proc = PtyProcess(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pdb", "test_fails.py"], str(pytester.path)
+    )
+    proc.expect("rank 1: post-mortem of its failure")
+    proc.expect("(Pdb) ")
+    seen = len(proc.output)
+    os.write(proc.fd, b"\x03")  # Ctrl-C
+    proc.expect("--KeyboardInterrupt--", since=seen)
+    proc.send("p value")
+    proc.expect("11", since=seen)
+    proc.send("q")
+    assert proc.wait() == 1, proc.text
+    assert "1 failed, 1 passed" in proc.text, proc.text
+    assert "PDB post_mortem" not in proc.text and "debugger.py" not in proc.text

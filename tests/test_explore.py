@@ -98,6 +98,14 @@ def test_the_marker_explores_and_replays_too(inner) -> None:
     again = inner(RACE.replace("timeout=30", f"timeout=30, schedule={seed}"))
     again.result.assert_outcomes(failed=1)
     again.lines(f"failed under schedule {seed} (--ddp-schedule={seed})")
+    again.no_lines("*in place of the*")
+    # both given: the replay wins, and says what it stands in for
+    both = inner(RACE.replace("timeout=30", f"timeout=30, explore=20, schedule={seed}"))
+    both.result.assert_outcomes(failed=1)
+    both.lines(
+        f"failed under schedule {seed} (--ddp-schedule={seed}); the one schedule replayed, in place of the 20 an"
+        " exploration would run"
+    )
 
 
 def test_a_correct_test_passes_every_schedule_from_its_own_start(inner) -> None:

@@ -221,7 +221,7 @@ def test_bad_faults_are_errors_at_arming(inner) -> None:
         PRELUDE
         + """
 @pytest.mark.multirank(world_size=2, timeout=30)
-@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("case", range(11))
 def test_arm(rank, faults, case):
     arm = [
         lambda: faults.kill(rank=1, at="dist.all_reduse#2"),
@@ -232,6 +232,9 @@ def test_arm(rank, faults, case):
         lambda: faults.delay(rank=1, at="dist.barrier#1", seconds=-1),
         lambda: faults.raise_(rank=1, at="dist.barrier#1", exc=UnicodeDecodeError),
         lambda: faults.kill(rank=1, at="dist.barrier#1", attempt=1),  # the test has no restarts
+        lambda: faults.kill(rank=1, at="dist.barrier#1", signal="SIGSTOP"),
+        lambda: faults.kill(rank=1, at="dist.barrier#1", signal="tstp"),
+        lambda: faults.kill(rank=1, at="dist.barrier#\u00b2"),  # a superscript two is no count
     ][case]
     with pytest.raises(FaultError) as bad:
         arm()
@@ -243,7 +246,7 @@ def test_outside_a_multirank_test(faults):
         "-s",
         subprocess=True,
     )
-    ran.result.assert_outcomes(passed=8, failed=1)
+    ran.result.assert_outcomes(passed=11, failed=1)
     ran.lines("*[[]rank 0[]] at='dist.all_reduse#2': the recorder names no call 'dist.all_reduse' (it records *")
     ran.lines("*[[]rank 0[]] at='middle:setup': not a point the recorder knows; use 'dist.<op>#n', *")
     ran.lines("*[[]rank 0[]] at='dist.barrier#0': the count after '#' must be a number >= 1")
@@ -255,6 +258,12 @@ def test_outside_a_multirank_test(faults):
         " give an instance, such as exc=UnicodeDecodeError(...)"
     )
     ran.lines("*[[]rank 0[]] attempt=1: the test has no restarts, so only attempt 0 runs: give it restarts=1 or more")
+    for given, name in (("'SIGSTOP'", "SIGSTOP"), ("'tstp'", "SIGTSTP")):
+        ran.lines(
+            f"*[[]rank 0[]] signal={given}: {name} stops the rank rather than killing it: use faults.stop(rank, at),"
+            " which freezes it and kills it at the end of the test"
+        )
+    ran.lines("*[[]rank 0[]] at='dist.barrier#\u00b2': the count after '#' must be a number >= 1")
     ran.lines("*FaultError: faults act on the ranks of a multirank test*")
 
 
@@ -388,6 +397,62 @@ def test_ring_of_three(rank, faults):
         " injected fault",
         "  rank 1, killed by the injected fault, can never take part in timeline(); rank 0 waits in it",
     )
+    assert ran.seconds < 40
+
+
+def test_a_fault_at_a_collective_only_native_code_issued_says_why_it_never_fired(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_ddp_buckets(rank, faults):
+    faults.kill(rank=1, at="dist.all_reduce#1")
+    model = DDP(torch.nn.Linear(4, 4))
+    model(torch.ones(2, 4)).sum().backward()
+""",
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "injected fault kill(rank=1, at='dist.all_reduce#1') never fired: rank 1 made 0 all_reduce calls a fault can"
+        " act at, and 1 more that native code issued (DDP's gradient buckets, a compiled graph) or that a Recorder"
+        " of the test's own took, which the harness sees only afterwards (for DDP, a Python comm hook makes each"
+        " bucket's all-reduce a point)"
+    )
+
+
+def test_a_rank_left_in_a_group_join_by_one_a_fault_killed_is_stopped_naming_it(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_kill_in_new_group(rank, faults):
+    faults.kill(rank=1, at="dist.new_group")
+    dist.new_group([0, 1])
+
+@pytest.mark.multirank(world_size=2, timeout=60, init_process_group=False)
+def test_kill_in_init(rank, faults):
+    faults.kill(rank=1, at="dist.init_process_group")
+    dist.init_process_group("gloo")
+
+# killed once the join is done: nobody waits for it there, and the test passes
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_kill_after_new_group(rank, faults, recorder):
+    faults.kill(rank=1, at="mark:joined")
+    dist.new_group([0, 1])
+    recorder.mark("joined")
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=2, passed=1)
+    for op in ("new_group", "init_process_group"):
+        ran.lines(
+            "hang: the ranks were stopped after * s, not at the 60 s limit: they wait for ranks that were killed by"
+            " an injected fault",
+            f"  rank 1, killed by the injected fault, can never take part in {op}; rank 0 waits in it",
+            f"  rank 0: blocked in {op} for * s",
+        )
     assert ran.seconds < 40
 
 

@@ -810,6 +810,42 @@ def test_a_hang_deeper_than_faulthandler_dumps_still_names_the_tests_line(inner)
     ran.no_lines("*the dump holds the innermost 100 frames*")
 
 
+@pytest.mark.parametrize("handler", ["lambda *args: None", "signal.SIG_IGN"])
+def test_a_hang_in_code_that_took_the_stack_signal_for_itself_still_shows_every_stack(inner, handler) -> None:
+    """The harness asks for stacks with SIGUSR1, which applications take for their own uses
+    (Lightning's SLURM requeue): the rank's own thread answers then."""
+    ran = inner(
+        f"""
+        import signal
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_own_handler(rank):
+            signal.signal(signal.SIGUSR1, {handler})
+            if rank == 0:
+                dist.barrier()
+            else:
+                while True:
+                    time.sleep(0.01)
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "  rank 0: blocked in barrier #1 on the default group for *",
+        "    stuck at test_inner.py:10 in test_own_handler: dist.barrier()",
+        "  rank 1: still running",
+        "    stuck at test_inner.py:13 in test_own_handler: time.sleep(0.01)",
+    )
+    for rank, line in ((0, 10), (1, 13)):
+        ran.lines(
+            f"rank {rank} stack, MainThread (most recent call last):",
+            f'  File "test_inner.py", line {line}, in test_own_handler',
+        )
+    ran.no_lines("*no stack (the rank did not answer)*")
+
+
 def _stacks(text: str) -> list[list[str]]:
     """Each "rank N stack" block of a report, its header first."""
     blocks: list[list[str]] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_capture_log_and_warning_fixtures_work_in_each_rank(inner) -> None:
     ran = inner(
@@ -421,3 +423,25 @@ def test_a_fixture_of_any_scope_may_use_rank_and_world_size_in_multirank_and_pla
         """
     )
     ran.result.assert_outcomes(passed=4)
+
+
+@pytest.mark.parametrize(("disabled", "fixture"), [("logging", "caplog"), ("capture", "capsys")])
+def test_a_fixture_whose_plugin_is_disabled_is_not_found_as_in_a_plain_test(inner, disabled, fixture) -> None:
+    ran = inner(
+        f"""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_ranks(rank, {fixture}):
+            pass
+
+        @pytest.mark.multirank(world_size=2)
+        def test_without_it(rank):
+            pass
+        """,
+        "-p",
+        f"no:{disabled}",
+    )
+    ran.result.assert_outcomes(errors=1, passed=1)
+    ran.lines(f"E       fixture '{fixture}' not found")
+    ran.no_lines("*is not available in the rank*")

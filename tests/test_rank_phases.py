@@ -112,3 +112,28 @@ def test_a_rank_that_dies_in_a_fixture_teardown_is_an_error_in_teardown(inner) -
     )
     # a rank that dies in its body is FAILED, as before
     ran.lines("*_ test_body_dies _*", "multirank test failed on rank 0 of 2", "  rank 0: died (exit code 4)")
+
+
+def test_a_rank_tells_its_code_which_phase_runs_as_pytest_does(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture
+        def phases(rank):
+            seen = [os.environ["PYTEST_CURRENT_TEST"]]
+            yield seen
+            seen.append(os.environ["PYTEST_CURRENT_TEST"])
+            assert seen == [
+                "test_inner.py::test_phases (setup)",
+                "test_inner.py::test_phases (call)",
+                "test_inner.py::test_phases (teardown)",
+            ], seen
+
+        @pytest.mark.multirank(world_size=2)
+        def test_phases(rank, phases):
+            phases.append(os.environ["PYTEST_CURRENT_TEST"])
+        """
+    )
+    ran.result.assert_outcomes(passed=1)

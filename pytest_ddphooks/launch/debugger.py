@@ -91,7 +91,7 @@ class RankDebugger:
             term.writer.write(f"\n>>> {self.who}: post-mortem of its failure (q ends the test) >>>\n")
             term.writer.write("".join(traceback.format_exception_only(type(exc), exc)))
             term.writer.flush()
-            debugger = pdb.Pdb(stdin=term.reader, stdout=term.writer)
+            debugger = _PostMortem(stdin=term.reader, stdout=term.writer)
             debugger.use_rawinput = False
             debugger.reset()
             tb: TracebackType | None = exc.__traceback__
@@ -114,6 +114,46 @@ class RankDebugger:
         term.writer.flush()
         debugger = _Lent(term, conn)
         debugger.set_trace(frame or sys._getframe().f_back)
+
+    def runcall(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``--trace``: pdb from the first line of ``func``. Unlike ``pdb.runcall``, quitting
+        ends the test (a ``BdbQuit`` out of the call), never passes it; with no terminal to
+        lend, ``func`` just runs."""
+        connected = self._connect()
+        if connected is None:
+            return func(*args, **kwargs)
+        conn, term = connected
+        term.writer.write(f"\n>>> {self.who}: --trace, at the test's first line (c continues, q ends the test) >>>\n")
+        term.writer.flush()
+        debugger = _Lent(term, conn)
+        debugger.reset()
+        sys.settrace(debugger.trace_dispatch)  # stops at the first line of the next call: func's
+        try:
+            return func(*args, **kwargs)
+        finally:
+            sys.settrace(None)
+            debugger._give_back()
+
+
+_HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _PostMortem(pdb.Pdb):
+    """pdb on a failure, at the innermost frame of the code under test: a collective that
+    raised as its peer went away raised inside the recorder's wrapper, which is no frame a
+    user came to look at (it stays on the stack, ``down`` shows it)."""
+
+    def setup(self, f: FrameType | None, tb: TracebackType | None) -> Any:
+        done = super().setup(f, tb)
+        for index in range(len(self.stack) - 1, -1, -1):
+            frame = self.stack[index][0]
+            ours = frame.f_code.co_filename.startswith(_HARNESS + os.sep)
+            if not ours and not frame.f_locals.get("__tracebackhide__"):
+                if index != self.curindex:
+                    self.curindex, self.curframe = index, frame
+                    self.curframe_locals = frame.f_locals
+                break
+        return done
 
 
 class _Lent(pdb.Pdb):
@@ -169,7 +209,12 @@ def _lend(path: str, terminal: Any, read: Callable[[], bytes], write: Callable[[
     try:
         inputs: list[Any] = [sock, terminal]
         while True:
-            readable, _, _ = select.select(inputs, [], [])
+            try:
+                readable, _, _ = select.select(inputs, [], [])
+            except KeyboardInterrupt:
+                # Ctrl-C at the prompt: as pdb takes it, the session goes on (q ends it)
+                write(b"\n--KeyboardInterrupt--\n(Pdb) ")
+                continue
             if sock in readable:
                 data = sock.recv(65536)
                 if not data:

@@ -54,6 +54,10 @@ class _Run:
 RankMain = Callable[[int, int, Any, int], None]  # (rank, port, listener, notes) -> never returns
 
 
+# the signals this server takes for itself
+_SERVER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)
+
+
 class ForkServer:
     def __init__(
         self,
@@ -77,6 +81,9 @@ class ForkServer:
         procs.prctl(procs.PR_SET_CHILD_SUBREAPER, 1)
         self._isolate_descriptors(log_path, bypass)
         self.selector = selectors.DefaultSelector()  # after the isolation, which replaces every other descriptor
+        # what the pytest process had (Python's KeyboardInterrupt, a conftest's SIGTERM
+        # handler): a rank gets those back, as a process the code under test started would
+        self.rank_handlers = {sig: signal.getsignal(sig) for sig in _SERVER_SIGNALS}
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._on_term)
         self.wake_r, self.wake_w = os.pipe()
@@ -273,8 +280,8 @@ class ForkServer:
                 try:
                     os.setpgid(0, run.pgid)
                     signal.set_wakeup_fd(-1)
-                    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-                        signal.signal(sig, signal.SIG_DFL)
+                    for sig, handler in self.rank_handlers.items():
+                        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
                     procs.retire(*private)
                     main(rank, port, listener, notes_w)
                 finally:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from .. import blobs, coverage_relay, dump_signals, singletons
+from .. import blobs, coverage_relay, dump_signals, singletons, torch_defaults
 from ..leaks import fork_note
 from ..recorder import Recorder, events
 from ..report import RankResult
@@ -104,15 +104,14 @@ def _apply_env(job: Job, rank: int, port: int) -> None:
         **rendezvous.rank_env(rank, job.world_size, job.nodes, port, job.test_id, job.attempt, job.max_restarts),
         "GLOO_SOCKET_IFNAME": "lo",
     }
-    # as torchrun does: N ranks on few cores must not each start a thread per core
-    one_thread = "OMP_NUM_THREADS" not in job.env
+    # as torchrun does for several ranks on a node: they must not each start a thread per core
+    # (what the project chose, in the environment or with torch.set_num_threads, stands)
+    one_thread = "OMP_NUM_THREADS" not in job.env and job.world_size // max(job.nodes, 1) > 1
     if one_thread:
         wanted["OMP_NUM_THREADS"] = "1"
     _set_environ(wanted)
-    if one_thread:
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            torch.set_num_threads(1)
+    if one_thread and torch_defaults.threads_as_imported():
+        sys.modules["torch"].set_num_threads(1)
     with contextlib.suppress(OSError):
         os.chdir(job.cwd)
 
@@ -251,6 +250,7 @@ def _harness_failure(rank: int, exc: BaseException) -> RankResult:
 
 
 def _become_rank() -> None:
+    torch_defaults.reseed_if_unseeded()
     procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
     # what the test starts and abandons stays under the rank, which names and kills it
     # before its result is written (a double-forked daemon included)

@@ -24,11 +24,12 @@ class Exploration:
     held_seconds: float = 0.0  # the holds of the schedules run, on each one's most held rank
     _copies: list[str] = field(default_factory=list)
     _live: list[set[str]] = field(default_factory=list)  # per folder: the sockets and pipes left in place
+    instead_of: int = 0  # a replay: the exploration asked for too, which it stands in for
 
     @classmethod
     def plan(cls, test: str, base: int, explore: int, schedule: int | None) -> Exploration | None:
         if schedule is not None:
-            return cls([schedule], replay=True)
+            return cls([schedule], replay=True, instead_of=max(explore, 0))
         if explore > 0:
             return cls(seeds(base, test, explore), replay=False)
         return None
@@ -63,13 +64,18 @@ class Exploration:
         """The first line of a failure found under a schedule."""
         text = format_seed(seed)
         if self.replay:
-            return f"failed under schedule {text} (--ddp-schedule={text})"
+            return f"failed under schedule {text} (--ddp-schedule={text}){self._instead()}"
         return f"failed under schedule {index} of {len(self.seeds)} (seed {text}); replay with --ddp-schedule={text}"
+
+    def _instead(self) -> str:
+        if not self.instead_of:
+            return ""
+        return f"; the one schedule replayed, in place of the {self.instead_of} an exploration would run"
 
     def passed(self) -> str:
         held = f"; holds {self.held_seconds:.3f} s in all"
         if self.replay:
-            return f"passed under schedule {format_seed(self.seeds[0])}{held}"
+            return f"passed under schedule {format_seed(self.seeds[0])}{held}{self._instead()}"
         listed = ", ".join(map(format_seed, self.seeds))
         return f"passed under all {len(self.seeds)} schedules explored (seeds {listed}){held}"
 

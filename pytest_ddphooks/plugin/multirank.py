@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -24,7 +25,7 @@ from _pytest.junitxml import xml_key
 from _pytest.outcomes import Skipped
 
 from .. import coverage_relay
-from ..failure import RunFailure, Verdict, attempt_summary, classify, interrupted_lines, render
+from ..failure import RunFailure, Verdict, attempt_summary, classify, interrupted_lines, ranks_words, render
 from ..launch.job import Job
 from ..launch.run import RunWatch
 from ..leaks import Leak
@@ -239,7 +240,7 @@ class MultirankHooks:
             timeout=self.ddp.limit_of(run),
             run_dir="",
             env={**os.environ, **self.ddp.child_env()},
-            cwd=os.getcwd(),
+            cwd=_working_folder(),
             payload=payload,
             live_output=self._live,
             post_mortem=self.ddp.settings.post_mortem,
@@ -385,20 +386,27 @@ class MultirankHooks:
         _relay_properties(item, report)
         active.exit_request = next((r.exit_request for _, r in sorted(report.results.items()) if r.exit_request), None)
         k = self.ddp.settings.pdb_rank
-        if self.ddp.settings.post_mortem and k is not None and k >= report.world_size and verdict.outcome == "failed":
-            item.add_report_section(
-                "call",
-                "ddphooks",
-                f"--ddp-pdb-rank={k}: this test has ranks 0..{report.world_size - 1}; no rank opened pdb",
-            )
+        if self.ddp.settings.post_mortem and k is not None and verdict.outcome == "failed":
+            failed = sorted(r for r, res in report.results.items() if res.outcome == "failed")
+            if k >= report.world_size:
+                said = f"this test has ranks 0..{report.world_size - 1}; no rank opened pdb"
+            elif k not in failed:
+                who = f" ({ranks_words(failed)} failed)" if failed else ""
+                said = f"rank {k} did not fail here, so no rank opened pdb{who}"
+            else:
+                said = ""
+            if said:
+                item.add_report_section("call", "ddphooks", f"--ddp-pdb-rank={k}: {said}")
         keep_artifacts(item, report, verdict, self.ddp.settings)
         if active.exploration is not None:
             active.exploration.discard()
         return verdict
 
-    def _run_to_end(self, item: pytest.Item, active: _Active, watch: RunWatch) -> tuple[RunReport, Verdict]:
+    def _run_to_end(
+        self, item: pytest.Item, active: _Active, watch: RunWatch, under: str = ""
+    ) -> tuple[RunReport, Verdict]:
         """The run ``watch`` follows, to its end: after a death, every rank started again as
-        many times as the marker allows."""
+        many times as the marker allows. ``under``: the schedule it runs under, if explored."""
         assert active.job is not None
         job = active.job
         report = watch.wait_end()
@@ -413,7 +421,7 @@ class MultirankHooks:
             attempts.append(attempt_summary(report, job.attempt))
             if _death(report):  # as torchrun's agent gives up: the death of the last attempt stands
                 attempts.append(f"no restart left: restarts={job.max_restarts} were all used")
-            item.add_report_section("call", "attempts", "\n".join(attempts))
+            item.add_report_section("call", f"attempts{under}", "\n".join(attempts))
         verdict = classify(
             report, watch.setup_done if job.attempt == 0 and job.holds is None else None, watch.body_passed
         )
@@ -435,7 +443,8 @@ class MultirankHooks:
             plan.restore()
             # the whole test again, from its first attempt
             active.job = self._next_run(plain_job, attempt=0, holds=holds(seed, plain_job.world_size, profile))
-            report, verdict = self._run_to_end(item, active, self._launch(item, active.job))
+            under = f" under schedule {format_seed(seed)}"
+            report, verdict = self._run_to_end(item, active, self._launch(item, active.job), under)
             plan.held_seconds += held_seconds(report.held)
             self._rank_leaks(item, report, f" (under schedule {format_seed(seed)})")
             failed = verdict.failure or verdict.teardown  # a rank's teardown failing under it counts
@@ -511,3 +520,15 @@ def _test_folder(item: pytest.Function, suffix: str = "") -> str:
     """A new folder for the test under the session's base folder, named as pytest names one."""
     factory = item._request.getfixturevalue("tmp_path_factory")
     return str(factory.mktemp(safe_name(item.name)[:30] + suffix, numbered=True))
+
+
+def _working_folder() -> str:
+    """The folder ranks start in: the test's current one, which must still exist."""
+    with contextlib.suppress(FileNotFoundError):
+        return os.getcwd()
+    pytest.fail(
+        "the current folder was removed before the ranks could start in it (os.getcwd() fails): ranks"
+        " start in the folder the test runs in, so a fixture that changes into a folder must leave it"
+        " in place while the test runs, or change back before it removes it",
+        pytrace=False,
+    )

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import bdb
 import contextlib
+import functools
 import io
 import os
+import pdb
 import pickle
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from _pytest.logging import caplog_records_key
 from _pytest.outcomes import Exit, Skipped, XFailed
 from _pytest.warnings import catch_warnings_for_item
 
-from .. import warning_relay
+from .. import coverage_relay, warning_relay
 from ..failure import PEER_GONE
 from ..faults import Faults
 from ..launch import livelog
@@ -42,6 +44,7 @@ from .livelog import LIVE_LOG, shipping_logs
 from .rankfixtures import RankFixtures, remember_classes, restore_test_state
 
 _items: dict[str, pytest.Function] = {}
+CURRENT_TEST = "PYTEST_CURRENT_TEST"  # where pytest tells a test's code which test and phase runs
 in_rank = False  # True inside a rank process: the plugin then runs bodies itself
 
 
@@ -113,11 +116,11 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     had = len(item.user_properties), len(xml.global_properties) if xml is not None else 0
     with (
         catch_warnings_for_item(item.config, log, "runtest", item),
-        _capturing_logs(item),
+        _capturing_logs(item) as log_phase,
         shipping_logs(item.config, job.path(ctx.rank, LIVE_LOG)),
         _assertion_hooks(item),
     ):
-        result = _run_body(item, payload, ctx)
+        result = _run_body(item, payload, ctx, log_phase)
     result.mismatches_checked = ctx.recorder.mismatches_checked
     # what the body recorded for the junit report (record_property, record_testsuite_property)
     result.properties = [_sendable(p) for p in item.user_properties[had[0] :]]
@@ -174,20 +177,27 @@ def _bypass_capture_when_disabled(config: pytest.Config) -> None:
 
 
 @contextlib.contextmanager
-def _capturing_logs(item: pytest.Function) -> Iterator[None]:
-    """Logs of the rank as pytest captures a test's (``caplog`` reads them, and the report's
-    "Captured log" section shows them)."""
+def _capturing_logs(item: pytest.Function) -> Iterator[Callable[[str], None]]:
+    """Logs of the rank as pytest captures a test's, phase by phase (``caplog`` reads them,
+    and the report's "Captured log" sections show them): gives what begins a phase."""
     plugin = item.config.pluginmanager.get_plugin("logging-plugin")
     runtest_for = getattr(plugin, "_runtest_for", None)
     if runtest_for is None:
-        yield
+        yield lambda when: None
         return
     item.stash[caplog_records_key] = {}
-    with runtest_for(item, "call"):
-        yield
+    with contextlib.ExitStack() as phases:
+
+        def begin(when: str) -> None:
+            phases.close()  # the phase before ends: its section is written
+            phases.enter_context(runtest_for(item, when))
+
+        yield begin
 
 
-def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> RankResult:
+def _run_body(
+    item: pytest.Function, payload: ItemPayload, ctx: RankContext, log_phase: Callable[[str], None]
+) -> RankResult:
     __tracebackhide__ = True  # an error here is the test's, told by the test's frames
     global in_rank
     in_rank = True
@@ -206,15 +216,22 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
     error: BaseException | None = None
     phase = "setup"
     marks: list[tuple[str, int, int]] = []  # where the body's and the teardown's output begin
-    livelog.phase = "setup"
+
+    def enter(begins: str) -> None:
+        """What pytest tells a plain test's code of the phase it is in."""
+        livelog.phase = begins
+        os.environ[CURRENT_TEST] = f"{item.nodeid} ({begins})"
+        log_phase(begins)  # caplog.get_records(when), and each phase's "Captured log" section
+        coverage_relay.switch_to_test_context(item.nodeid, begins)  # --cov-context=test
 
     def mark(begins: str) -> None:
-        livelog.phase = begins
+        enter(begins)
         at = positions()
         if at is not None:
             marks.append((begins, *at))
 
     with ctx.measured.test_code():  # coverage: the test's own code, not the harness around it
+        enter("setup")
         try:
             values = _rebuilt(payload.values)
             if payload.instance_state is not None:
@@ -231,7 +248,7 @@ def _run_body(item: pytest.Function, payload: ItemPayload, ctx: RankContext) -> 
             ctx.note("setup", "ok")
             phase = "call"
             mark("call")
-            _lend_breakpoints(ctx)
+            _lend_breakpoints(ctx, item)
             _reseed_as_the_session(item, "call")
             item.ihook.pytest_pyfunc_call(pyfuncitem=item)
             if fixtures.finalizers:  # dying in their teardown is then reported as teardown
@@ -284,11 +301,31 @@ def _reseed_as_the_session(item: pytest.Function, phase: str) -> None:
             reseed(item)
 
 
-def _lend_breakpoints(ctx: RankContext) -> None:
-    """``breakpoint()`` in the body opens pdb on the pytest process's terminal."""
+def _lend_breakpoints(ctx: RankContext, item: pytest.Function) -> None:
+    """``breakpoint()``, ``pytest.set_trace()`` and ``pdb.set_trace()`` in the body open pdb on
+    the pytest process's terminal; so does ``--trace``, at the test's first line (pytest's own
+    would read the rank's stdin, which is no terminal, and pass the test as pdb quits)."""
     debugger = ctx.debugger
-    if debugger is not None and not os.environ.get("PYTHONBREAKPOINT"):
-        sys.breakpointhook = lambda *args, **kwargs: debugger.set_trace(sys._getframe(1))
+    if debugger is None:
+        return
+
+    def set_trace(*args: Any, **kwargs: Any) -> None:
+        debugger.set_trace(sys._getframe(1))
+
+    if not os.environ.get("PYTHONBREAKPOINT"):
+        sys.breakpointhook = set_trace
+    pdb.set_trace = set_trace  # type: ignore[assignment]
+    pytest.set_trace = set_trace  # type: ignore[assignment]
+    if item.config.getvalue("trace"):
+        # pytest's wrapper stands aside: this one lends the terminal
+        item.config.pluginmanager.unregister(name="pdbtrace")
+        test_function = item.obj
+
+        @functools.wraps(test_function)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            return debugger.runcall(test_function, *args, **kwargs)
+
+        item.obj = traced
 
 
 def _wants_post_mortem(ctx: RankContext, exc: BaseException) -> bool:

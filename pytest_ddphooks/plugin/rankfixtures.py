@@ -81,7 +81,7 @@ def rank_dependent(item: pytest.Function) -> list[str]:
 
     def depends(name: str, index: int = -1) -> bool:
         if name in RANK_LOCAL:
-            return True
+            return _provided(item, name)
         key = (name, index)
         if key in memo:
             return memo[key]
@@ -101,9 +101,17 @@ def rank_dependent(item: pytest.Function) -> list[str]:
     return [name for name in item.fixturenames if depends(name)]
 
 
+def _provided(item: pytest.Function, name: str) -> bool:
+    """Whether a plugin provides the fixture here (``-p no:logging`` takes ``caplog`` away:
+    pytest then says it is not found, as for a plain test, before any rank starts)."""
+    return name == "request" or bool(_defs(item, name))
+
+
 def prune(item: pytest.Function, dependent: list[str]) -> None:
     """Keep pytest from setting up, in its own process, what the ranks will evaluate."""
-    item.fixturenames = [n for n in item.fixturenames if n not in dependent and n not in RANK_RESOLVED]
+    item.fixturenames = [
+        n for n in item.fixturenames if n not in dependent and not (n in RANK_RESOLVED and _provided(item, n))
+    ]
 
 
 def needed_values(item: pytest.Function, dependent: list[str]) -> list[str]:

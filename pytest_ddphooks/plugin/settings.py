@@ -136,7 +136,7 @@ def _pdb_rank(config: pytest.Config) -> int | None:
     if raw in (None, ""):
         return None
     if not str(raw).strip().isdigit():
-        raise pytest.UsageError(f"{where}: a rank is a number >= 0")
+        raise pytest.UsageError(f"{where}: a rank is a whole number >= 0")
     return int(str(raw).strip())
 
 

@@ -33,6 +33,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import torch_defaults
 from . import active, collectives, events, warnsite
 from .collectives import OPS, PAYLOAD_ARG, describe_tensor
 from .log import EventLog, Pending, error_text
@@ -1301,4 +1302,6 @@ _PATCHERS: dict[str, Callable[[types.ModuleType], None]] = {
     _FUNCOL: _patch_functional,
     _FUTURES: _patch_futures,
     "torch.nn.parallel.distributed": _patch_ddp,
+    # not patched: read as torch loads, before any other code could seed it (for ranks forked later)
+    "torch.random": torch_defaults.note_import_state,
 }

@@ -1,0 +1,135 @@
+"""A rank starts as a process torchrun starts would: its own torch seed, Python's Ctrl-C, the
+signal handlers and thread count the project set, one thread per rank only where ranks share
+a node, whatever the fork server the ranks come from had."""
+
+from __future__ import annotations
+
+GATHER = """
+import os
+import signal
+import pytest
+import torch
+import torch.distributed as dist
+
+
+def gathered(value):
+    got = [torch.empty_like(value) for _ in range(dist.get_world_size())]
+    dist.all_gather(got, value)
+    return got
+"""
+
+
+def test_unseeded_draws_differ_between_ranks_and_tests_and_a_seed_the_project_set_stays(inner, pytester) -> None:
+    pytester.makeconftest("")
+    ran = inner(
+        GATHER
+        + """
+def sync_params(model):
+    pass  # the bug: the broadcast was forgotten
+
+
+@pytest.mark.multirank(world_size=2)
+def test_sync_params_makes_ranks_agree(rank):
+    model = torch.nn.Linear(4, 4)
+    sync_params(model)
+    w = model.weight.detach().clone()
+    got = gathered(w)
+    assert torch.equal(got[0], got[1]), "ranks disagree after sync_params"
+
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("n", range(2))
+def test_draws(rank, n):
+    got = gathered(torch.rand(1))
+    assert not torch.equal(got[0], got[1]), f"both ranks drew {got[0].item()}"
+    with open(f"draw-{n}-{rank}.txt", "w") as f:  # in the session's folder, where ranks start
+        f.write(repr(got[rank].item()))
+""",
+        subprocess=True,  # a session whose torch nobody seeded, as a user's is
+    )
+    ran.result.assert_outcomes(failed=1, passed=2)
+    ran.lines("*rank 0: failed: AssertionError: ranks disagree after sync_params*")
+    draws = [p.read_text() for p in pytester.path.glob("draw-*.txt")]
+    assert len(draws) == 4 and len(set(draws)) == 4, draws
+
+
+def test_a_seed_and_threads_set_as_the_conftest_is_imported_reach_every_rank(inner, pytester) -> None:
+    pytester.makeconftest("import torch\ntorch.manual_seed(1234)\ntorch.set_num_threads(3)\n")
+    ran = inner(
+        GATHER
+        + """
+@pytest.mark.multirank(world_size=2)
+def test_seeded(rank):
+    assert torch.initial_seed() == 1234
+    got = gathered(torch.rand(1))
+    assert torch.equal(got[0], got[1]), "the project's seed was replaced"
+    assert torch.get_num_threads() == 3
+""",
+        subprocess=True,  # the conftest would seed this process's torch too
+    )
+    ran.result.assert_outcomes(passed=1)
+
+
+def test_ctrl_c_is_a_keyboard_interrupt_and_a_conftests_sigterm_handler_stays(inner, pytester) -> None:
+    pytester.makeconftest(
+        """
+import signal
+
+def graceful(signum, frame):
+    raise SystemExit("terminated gracefully")
+
+signal.signal(signal.SIGTERM, graceful)
+"""
+    )
+    ran = inner(
+        GATHER
+        + """
+def test_plain():
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.multirank(world_size=2)
+def test_ranks(rank):
+    assert signal.getsignal(signal.SIGTERM).__name__ == "graceful"
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(SystemExit, match="terminated gracefully"):
+        os.kill(os.getpid(), signal.SIGTERM)
+""",
+        subprocess=True,  # the conftest's handler is not this session's
+    )
+    ran.result.assert_outcomes(passed=2)
+
+
+def test_one_thread_per_rank_only_where_ranks_share_a_node_and_never_over_the_projects_choice(inner, pytester) -> None:
+    pytester.makeconftest("")
+    ran = inner(
+        GATHER
+        + """
+def test_plain_threads():
+    with open("threads-plain.txt", "w") as f:
+        f.write(str(torch.get_num_threads()))
+
+
+@pytest.mark.multirank(world_size=1)
+def test_alone(rank):
+    assert "OMP_NUM_THREADS" not in os.environ
+    with open("threads-alone.txt", "w") as f:
+        f.write(str(torch.get_num_threads()))
+
+
+@pytest.mark.multirank(world_size=2)
+def test_sharing_a_node(rank):
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.multirank(world_size=2, nodes=2)
+def test_a_node_each(rank):
+    assert "OMP_NUM_THREADS" not in os.environ
+""",
+        subprocess=True,  # torch's thread count as a fresh session has it
+    )
+    ran.result.assert_outcomes(passed=4)
+    assert (pytester.path / "threads-alone.txt").read_text() == (pytester.path / "threads-plain.txt").read_text()

@@ -67,6 +67,26 @@ def test_rank_warnings_reach_the_summary_once_with_the_tests_filters(pytester) -
         )
 
 
+def test_without_pytests_warnings_plugin_a_ranks_warnings_are_printed_as_a_plain_tests(pytester) -> None:
+    pytester.makepyfile(
+        test_warns="""
+        import warnings
+        import pytest
+
+        def test_plain():
+            warnings.warn("plain says careful")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_ranks(rank):
+            warnings.warn(f"rank {rank} says careful")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:warnings", "-rA")
+    result.assert_outcomes(passed=2)
+    result.stdout.no_fnmatch_line("*warnings summary*")
+    result.stdout.fnmatch_lines(["*UserWarning: rank 1 says careful*"])  # in the rank's captured stderr
+
+
 def test_a_rank_its_framework_kills_after_a_peer_failed_is_named(pytester) -> None:
     pytester.makepyfile(
         test_observer="""

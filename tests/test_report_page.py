@@ -339,6 +339,7 @@ def test_junit_labels_each_ranks_output(pytester: pytest.Pytester, workers: list
         @pytest.mark.multirank(world_size=2)
         def test_prints(rank):
             print(f"loss={0.5 + rank}")
+            print("page\\x0cbreak and\\u2028separator")  # one line, as the terminal shows it
         """
     )
     junit = pytester.path / "junit.xml"
@@ -348,6 +349,7 @@ def test_junit_labels_each_ranks_output(pytester: pytest.Pytester, workers: list
     result.assert_outcomes(passed=1)
     out = ElementTree.parse(junit).getroot().find(".//system-out")
     assert out is not None and "[rank 0] loss=0.5" in (out.text or "") and "[rank 1] loss=1.5" in (out.text or "")
+    assert (out.text or "").count("[rank 0] ") == 2, out.text  # loss=..., page...: two lines
     # the terminal's sections are titled by rank, their lines as printed
     result.stdout.fnmatch_lines(["*Captured stdout rank 0 call*", "loss=0.5"])
     result.stdout.no_fnmatch_line("[[]rank 0[]] loss=0.5")

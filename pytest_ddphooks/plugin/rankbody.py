@@ -114,8 +114,10 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     _bypass_capture_when_disabled(item.config)
     xml = item.config.stash.get(xml_key, None)
     had = len(item.user_properties), len(xml.global_properties) if xml is not None else 0
+    # -p no:warnings: pytest catches no test's warnings (Python prints them), nor does a rank
+    catching = item.config.pluginmanager.has_plugin("warnings")
     with (
-        catch_warnings_for_item(item.config, log, "runtest", item),
+        catch_warnings_for_item(item.config, log, "runtest", item) if catching else contextlib.nullcontext(),
         _capturing_logs(item) as log_phase,
         shipping_logs(item.config, job.path(ctx.rank, LIVE_LOG)),
         _assertion_hooks(item),

@@ -199,7 +199,10 @@ def _rank_labelled(sections: list[tuple[str, str]]) -> list[tuple[str, str]] | N
         if found is not None:
             label = f"[rank {found.group(1)}] "
             # a special test's interpreter sends its sections labelled already: once is enough
-            text = "".join(line if line.startswith(label) else label + line for line in text.splitlines(keepends=True))
+            # lines end at "\n" only, as the terminal shows them (not at a form feed or U+2028)
+            pieces = text.split("\n")
+            lines = [piece + "\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
+            text = "".join(line if line.startswith(label) else label + line for line in lines)
         out.append((title, text))
     return out
 

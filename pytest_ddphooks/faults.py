@@ -186,6 +186,10 @@ class FaultTrigger:
         self.log.write_watch_only(events.FIRED, info)
         if fault.action == KILL:
             dump_signals.release(fault.signal)  # SIGUSR1 dumps stacks here, unless the test kills with it
+            if fault.signal == signals.SIGINT and signals.getsignal(signals.SIGINT) is signals.default_int_handler:
+                # a kill, not Python's KeyboardInterrupt (raise_(..., exc=KeyboardInterrupt) is that);
+                # a handler the code under test installed still gets it
+                signals.signal(signals.SIGINT, signals.SIG_DFL)
             with contextlib.suppress(Exception):  # a simulated crash leaves no core file behind
                 resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
             os.kill(os.getpid(), fault.signal)

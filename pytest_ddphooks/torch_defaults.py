@@ -19,12 +19,16 @@ _import_threads: int | None = None  # torch's intra-op thread count as its impor
 
 
 def note_import_state(random_module: types.ModuleType) -> None:
-    """``torch.random`` loaded (inside ``import torch``, before any other code could touch
-    torch): the default generator holds the seed the import made."""
+    """``torch.random`` loaded inside ``import torch``, before any other code could touch
+    torch: the default generator holds the seed the import made. Once torch was imported
+    already (before this plugin loaded), what it holds may be a seed code set since: nothing
+    is noted, and ranks keep what they inherit."""
     global _import_seed, _import_threads
-    c = getattr(sys.modules.get("torch"), "_C", None)
+    torch = sys.modules.get("torch")
+    importing = getattr(getattr(torch, "__spec__", None), "_initializing", False)
+    c = getattr(torch, "_C", None)
     generator = getattr(c, "default_generator", None)
-    if _import_seed is None and generator is not None:
+    if importing and _import_seed is None and generator is not None:
         _import_seed = int(generator.initial_seed())
         _import_threads = int(c.get_num_threads())  # type: ignore[union-attr]
 

@@ -378,3 +378,11 @@ def test_ctrl_c_at_a_ranks_prompt_keeps_the_session_as_pdb_does(pytester: pytest
     assert proc.wait() == 1, proc.text
     assert "1 failed, 1 passed" in proc.text, proc.text
     assert "PDB post_mortem" not in proc.text and "debugger.py" not in proc.text
+
+
+def test_without_pytests_debugging_plugin_ranks_run_as_ever(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_fails=FAILS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:debugging")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*rank 1: failed: assert 11 == 1*"])
+    result.stdout.no_fnmatch_line("*no option named*")

@@ -473,6 +473,13 @@ def test_usr1_kills(rank, faults, sig):
         two_steps()
         raise AssertionError(f"rank 1 outlived its {sig}")
 
+# Python's own KeyboardInterrupt is no handler of the test's: a SIGINT kill kills
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_sigint_kills(rank, faults, recorder):
+    faults.kill(rank=1, at="mark:here", signal="SIGINT")
+    recorder.mark("here")
+    assert rank == 0, "rank 1 outlived its SIGINT"
+
 @pytest.mark.multirank(world_size=2, timeout=60)
 def test_winch_is_ignored(rank, faults):
     faults.kill(rank=1, at="dist.all_reduce#2", signal="SIGWINCH")
@@ -481,7 +488,7 @@ def test_winch_is_ignored(rank, faults):
 """,
         "-rA",
     )
-    ran.result.assert_outcomes(failed=1, passed=6)
+    ran.result.assert_outcomes(failed=1, passed=7)
     ran.no_lines("*core dumped*")
     ran.lines(
         "rank 1 was sent the signal of the injected fault kill(at='dist.all_reduce#2', signal='SIGWINCH') at event #*,"

@@ -133,3 +133,23 @@ def test_a_node_each(rank):
     )
     ran.result.assert_outcomes(passed=4)
     assert (pytester.path / "threads-alone.txt").read_text() == (pytester.path / "threads-plain.txt").read_text()
+
+
+def test_a_seed_set_before_the_plugin_loaded_is_kept(inner, pytester, monkeypatch) -> None:
+    # the plugin named in the conftest after torch was seeded there: torch's own import seed
+    # is not known then, so the ranks keep what they inherit
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makeconftest(
+        "import torch\ntorch.manual_seed(1234)\ntorch.set_num_threads(3)\npytest_plugins = ['pytest_ddphooks.plugin']\n"
+    )
+    ran = inner(
+        GATHER
+        + """
+@pytest.mark.multirank(world_size=2)
+def test_kept(rank):
+    assert torch.initial_seed() == 1234
+    assert torch.get_num_threads() == 3
+""",
+        subprocess=True,
+    )
+    ran.result.assert_outcomes(passed=1)

@@ -137,3 +137,25 @@ def test_a_rank_tells_its_code_which_phase_runs_as_pytest_does(inner) -> None:
         """
     )
     ran.result.assert_outcomes(passed=1)
+
+
+def test_what_a_rank_logged_in_teardown_is_shown_once(inner) -> None:
+    ran = inner(
+        """
+        import logging
+        import pytest
+
+        @pytest.fixture
+        def fx(rank):
+            yield
+            logging.getLogger("proj").warning("fx teardown r%d", rank)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_out(fx, rank):
+            assert rank == 0
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    text = ran.result.stdout.str()
+    assert text.count("Captured log rank 1 teardown") == 1, text
+    assert text.count("fx teardown r1") == 1, text

@@ -485,20 +485,24 @@ class MultirankHooks:
         return dataclasses.replace(job, test_id=test_id, run_dir=run_dir, **changes)
 
     def _output_sections(self, item: pytest.Item, active: _Active, report: RunReport) -> None:
+        def place(when: str, key: str, text: str) -> None:
+            # a teardown's sections join pytest's teardown report, not the call's (which would
+            # print them once for each)
+            if when == "teardown":
+                active.teardown_output.append((key, text))
+            else:
+                item.add_report_section(when, key, text)
+
         for r, result in sorted(report.results.items()):
             for when, key, text in result.sections:
-                item.add_report_section(when, f"{key} rank {r}", text)
+                place(when, f"{key} rank {r}", text)
         if self._live:
             return  # it was on the terminal as it was printed
         for r, pieces in sorted(report.phase_outputs.items()):
             for when, out, err in pieces:
                 for key, text in ((f"stdout rank {r}", out), (f"stderr rank {r}", err)):
-                    if not text:
-                        continue
-                    if when == "teardown":
-                        active.teardown_output.append((key, text))
-                    else:
-                        item.add_report_section(when, key, text)
+                    if text:
+                        place(when, key, text)
 
     @staticmethod
     def _rank_leaks(item: pytest.Item, report: RunReport, run: str = "") -> None:

@@ -318,7 +318,7 @@ def _lend_breakpoints(ctx: RankContext, item: pytest.Function) -> None:
         sys.breakpointhook = set_trace
     pdb.set_trace = set_trace  # type: ignore[assignment]
     pytest.set_trace = set_trace  # type: ignore[assignment]
-    if item.config.getvalue("trace"):
+    if item.config.getoption("trace", False):  # no such option under -p no:debugging
         # pytest's wrapper stands aside: this one lends the terminal
         item.config.pluginmanager.unregister(name="pdbtrace")
         test_function = item.obj

@@ -602,6 +602,38 @@ def test_leaks_then_restarts(rank, faults, restart_count):
     ran.lines("*rank 0 left process * running (killed) (attempt 0): sleep 300*")
 
 
+def test_a_process_of_a_rank_the_harness_stopped_in_an_attempt_that_restarted_is_reported(inner) -> None:
+    # rank 0 never gets to end and name its process itself: the harness stops it after rank
+    # 1's death, and names what it had started as it kills it
+    ran = inner(
+        PRELUDE
+        + """
+import subprocess
+
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=60)
+def test_stuck_then_restarts(rank, faults, recorder, restart_count, shared_tmp_path):
+    faults.kill(rank=1, at="mark:started")  # attempt 0 only
+    started = shared_tmp_path / "started"
+    if rank == 0 and restart_count == 0:
+        subprocess.Popen(["sleep", "300"])
+        started.touch()
+        while True:
+            time.sleep(0.01)
+    while restart_count == 0 and not started.exists():  # rank 1 dies once the process runs
+        time.sleep(0.01)
+    recorder.mark("started")
+    dist.barrier()
+
+
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_nothing_left(rank):
+    dist.barrier()
+""",
+    )
+    ran.result.assert_outcomes(passed=2, errors=1)
+    ran.lines("*rank 0 left process * running (killed) (attempt 0): sleep 300*")
+
+
 def test_a_fault_after_the_one_that_took_its_rank_out_never_fires_and_says_why(inner) -> None:
     ran = inner(
         PRELUDE

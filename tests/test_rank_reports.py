@@ -143,7 +143,7 @@ def test_a_rank_that_ended_on_its_own_before_the_kill_is_not_called_stopped(tmp_
         deadline = time.monotonic() + 10
         while is_running(pids[0]) and time.monotonic() < deadline:
             time.sleep(0.005)
-        exits = {ex.rank: ex for ex in launcher.kill(job.test_id)}
+        exits = {ex.rank: ex for ex in launcher.kill(job.test_id)[0]}
         launcher.finish(job.test_id, job.label)
     finally:
         launcher.close()

@@ -210,26 +210,34 @@ def _lend(path: str, terminal: Any, read: Callable[[], bytes], write: Callable[[
         inputs: list[Any] = [sock, terminal]
         while True:
             try:
-                readable, _, _ = select.select(inputs, [], [])
+                if not _carry(sock, terminal, inputs, read, write):
+                    return
             except KeyboardInterrupt:
                 # Ctrl-C at the prompt: as pdb takes it, the session goes on (q ends it)
                 write(b"\n--KeyboardInterrupt--\n(Pdb) ")
-                continue
-            if sock in readable:
-                data = sock.recv(65536)
-                if not data:
-                    return
-                write(data)
-            if terminal in readable:
-                line = read()
-                if not line:  # the terminal closed: end the session as pdb's "q" would
-                    line = b"q\n"
-                    inputs.remove(terminal)
-                sock.sendall(line)
     except OSError:
         return
     finally:
         sock.close()
+
+
+def _carry(
+    sock: socket.socket, terminal: Any, inputs: list[Any], read: Callable[[], bytes], write: Callable[[bytes], None]
+) -> bool:
+    """One exchange between the debugger and the terminal; False once the debugger closed."""
+    readable, _, _ = select.select(inputs, [], [])
+    if sock in readable:
+        data = sock.recv(65536)
+        if not data:
+            return False
+        write(data)
+    if terminal in readable:
+        line = read()
+        if not line:  # the terminal closed: end the session as pdb's "q" would
+            line = b"q\n"
+            inputs.remove(terminal)
+        sock.sendall(line)
+    return True
 
 
 def refuse(path: str) -> None:

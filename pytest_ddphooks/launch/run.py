@@ -370,7 +370,8 @@ class RunWatch:
             report.stacks = dump_stacks(targets, deeper=deeper) if targets else {}
             for r in live:
                 report.stopped[r] = reason
-            for ex in self.launcher.kill(self.job.test_id):
+            exits, report.left_running = self.launcher.kill(self.job.test_id)
+            for ex in exits:
                 report.exits.setdefault(ex.rank, ex)
                 if not ex.by_harness and not ex.clean:
                     report.stopped.pop(ex.rank, None)  # it died on its own before it was stopped

@@ -13,10 +13,12 @@ A rank with nothing armed pays one attribute check per event.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import resource
 import signal as signals
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -112,6 +114,18 @@ class Fault:
         return "SIGSTOP" if self.action == STOP else self.action
 
 
+def _default_action(signum: int) -> None:
+    """The signal's default action for this process, from any thread (Python's
+    ``signal.signal`` works only in the main one; a fault may fire in another)."""
+    if threading.current_thread() is threading.main_thread():
+        signals.signal(signum, signals.SIG_DFL)
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal(signum, None)  # SIG_DFL is the null handler
+
+
 def _ranks(rank: Any, world_size: int) -> tuple[int, ...]:
     ranks = list(rank) if isinstance(rank, (list, tuple, set, frozenset)) else [rank]
     if not ranks:
@@ -189,7 +203,7 @@ class FaultTrigger:
             if fault.signal == signals.SIGINT and signals.getsignal(signals.SIGINT) is signals.default_int_handler:
                 # a kill, not Python's KeyboardInterrupt (raise_(..., exc=KeyboardInterrupt) is that);
                 # a handler the code under test installed still gets it
-                signals.signal(signals.SIGINT, signals.SIG_DFL)
+                _default_action(signals.SIGINT)
             with contextlib.suppress(Exception):  # a simulated crash leaves no core file behind
                 resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
             os.kill(os.getpid(), fault.signal)

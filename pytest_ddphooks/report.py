@@ -122,8 +122,6 @@ class RunReport:
     timeline: Timeline | None = None
     thread_idents: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, lane) -> ident
     swept: list[tuple[int, str]] = field(default_factory=list)  # processes ranks abandoned, killed
-    # (rank, pid, command line): what a rank the harness stopped had started and left running
-    left_running: list[tuple[int, int, str]] = field(default_factory=list)
     armed: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> faults armed on it
     fired: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> injected faults that acted
     held: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> where its schedule held it

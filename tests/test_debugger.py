@@ -386,3 +386,30 @@ def test_without_pytests_debugging_plugin_ranks_run_as_ever(pytester: pytest.Pyt
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(["*rank 1: failed: assert 11 == 1*"])
     result.stdout.no_fnmatch_line("*no option named*")
+
+
+def test_ctrl_c_while_a_ranks_stepped_line_runs_stops_the_session(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_busy="""
+        import threading
+        import pytest
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_steps_into_a_long_wait(rank):
+            if rank == 0:
+                breakpoint()
+                threading.Event().wait(60)
+        """
+    )
+    proc = PtyProcess([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_busy.py"], str(pytester.path))
+    proc.expect("rank 0: breakpoint")
+    proc.expect("-> threading.Event().wait(60)")
+    proc.expect("(Pdb) ")
+    seen = len(proc.output)
+    # a statement that says it runs, then waits 60 s: the rank is not at its prompt
+    proc.send("!print('stepping in', flush=True); threading.Event().wait(60)")
+    proc.expect("stepping in\r\n", since=seen)
+    seen = len(proc.output)
+    os.write(proc.fd, b"\x03")  # Ctrl-C
+    assert proc.wait(timeout=30) == 2, proc.text  # interrupted, as pytest ends a session on Ctrl-C
+    assert b"--KeyboardInterrupt--" not in proc.output[seen:]

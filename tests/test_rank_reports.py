@@ -87,6 +87,35 @@ def test_without_pytests_warnings_plugin_a_ranks_warnings_are_printed_as_a_plain
     result.stdout.fnmatch_lines(["*UserWarning: rank 1 says careful*"])  # in the rank's captured stderr
 
 
+def test_an_exception_a_ranks_thread_did_not_catch_is_a_warning_as_in_a_plain_test(pytester) -> None:
+    pytester.makepyfile(
+        test_thread="""
+        import threading
+        import pytest
+
+        def boom():
+            raise ValueError("thread boom")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_ranks(rank):
+            worker = threading.Thread(target=boom)
+            worker.start()
+            worker.join()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_quiet(rank):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(["*PytestUnhandledThreadExceptionWarning*", "*ValueError: thread boom*"])
+    strict = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-W", "error::pytest.PytestUnhandledThreadExceptionWarning"
+    )
+    strict.assert_outcomes(passed=1, failed=1)
+
+
 def test_a_rank_its_framework_kills_after_a_peer_failed_is_named(pytester) -> None:
     pytester.makepyfile(
         test_observer="""
@@ -143,7 +172,7 @@ def test_a_rank_that_ended_on_its_own_before_the_kill_is_not_called_stopped(tmp_
         deadline = time.monotonic() + 10
         while is_running(pids[0]) and time.monotonic() < deadline:
             time.sleep(0.005)
-        exits = {ex.rank: ex for ex in launcher.kill(job.test_id)[0]}
+        exits = {ex.rank: ex for ex in launcher.kill(job.test_id)}
         launcher.finish(job.test_id, job.label)
     finally:
         launcher.close()

@@ -340,6 +340,7 @@ def test_junit_labels_each_ranks_output(pytester: pytest.Pytester, workers: list
         def test_prints(rank):
             print(f"loss={0.5 + rank}")
             print("page\\x0cbreak and\\u2028separator")  # one line, as the terminal shows it
+            print("no newline at the end", end="")
         """
     )
     junit = pytester.path / "junit.xml"
@@ -349,7 +350,9 @@ def test_junit_labels_each_ranks_output(pytester: pytest.Pytester, workers: list
     result.assert_outcomes(passed=1)
     out = ElementTree.parse(junit).getroot().find(".//system-out")
     assert out is not None and "[rank 0] loss=0.5" in (out.text or "") and "[rank 1] loss=1.5" in (out.text or "")
-    assert (out.text or "").count("[rank 0] ") == 2, out.text  # loss=..., page...: two lines
+    lines = (out.text or "").splitlines()
+    assert sum(ln.startswith("[rank 0] ") for ln in lines) == 3, out.text  # loss, page..., no newline
+    assert "[rank 0] no newline at the end" in lines and "[rank 1] no newline at the end" in lines, out.text
     # the terminal's sections are titled by rank, their lines as printed
     result.stdout.fnmatch_lines(["*Captured stdout rank 0 call*", "loss=0.5"])
     result.stdout.no_fnmatch_line("[[]rank 0[]] loss=0.5")

@@ -25,6 +25,7 @@ from typing import IO, Any
 # its turn as long as that takes (the time limit stands still meanwhile, and still ends a rank
 # nobody ever comes to)
 ACCEPT_SECONDS: float | None = None
+PROMPT = b"(Pdb) "  # what pdb writes when it waits for a line
 LENT = b"\x01"  # the relay's first byte: the terminal is this rank's (a refusal closes without it)
 
 
@@ -208,13 +209,16 @@ def _lend(path: str, terminal: Any, read: Callable[[], bytes], write: Callable[[
         return
     try:
         inputs: list[Any] = [sock, terminal]
+        shown = bytearray()  # the end of what the debugger wrote last: its prompt, when it waits
         while True:
             try:
-                if not _carry(sock, terminal, inputs, read, write):
+                if not _carry(sock, terminal, inputs, read, write, shown):
                     return
             except KeyboardInterrupt:
+                if not shown.endswith(PROMPT):
+                    raise  # the rank runs (a line stepped over): Ctrl-C stops the session, as ever
                 # Ctrl-C at the prompt: as pdb takes it, the session goes on (q ends it)
-                write(b"\n--KeyboardInterrupt--\n(Pdb) ")
+                write(b"\n--KeyboardInterrupt--\n" + PROMPT)
     except OSError:
         return
     finally:
@@ -222,20 +226,29 @@ def _lend(path: str, terminal: Any, read: Callable[[], bytes], write: Callable[[
 
 
 def _carry(
-    sock: socket.socket, terminal: Any, inputs: list[Any], read: Callable[[], bytes], write: Callable[[bytes], None]
+    sock: socket.socket,
+    terminal: Any,
+    inputs: list[Any],
+    read: Callable[[], bytes],
+    write: Callable[[bytes], None],
+    shown: bytearray,
 ) -> bool:
-    """One exchange between the debugger and the terminal; False once the debugger closed."""
-    readable, _, _ = select.select(inputs, [], [])
+    """One exchange between the debugger and the terminal; False once the debugger closed.
+    The wait is cut in short slices: Ctrl-C's signal may land on another thread of this
+    process, and only the main thread's next step of Python raises it."""
+    readable, _, _ = select.select(inputs, [], [], 0.1)
     if sock in readable:
         data = sock.recv(65536)
         if not data:
             return False
+        shown[:] = (bytes(shown) + data)[-len(PROMPT) :]
         write(data)
     if terminal in readable:
         line = read()
         if not line:  # the terminal closed: end the session as pdb's "q" would
             line = b"q\n"
             inputs.remove(terminal)
+        shown.clear()  # a line went to the debugger: it runs until it prompts again
         sock.sendall(line)
     return True
 

@@ -372,13 +372,6 @@ class ForkServer:
         if run is not None:
             # a rank that ended on its own just before (its framework killed it) is a death
             running = {pid for pid in run.pids if procs.is_running(pid)}
-            # named before they die: once its rank is gone a process moves out of sight
-            left = tuple(
-                (rank, p, procs.command_line(p))
-                for pid, rank in run.pids.items()
-                for p in procs.descendants_of(pid)
-                if p not in run.pids
-            )
             procs.kill_tree(*run.pids, group=run.pgid)
             for pid in list(run.pids):
                 if pid in self.rank_of:
@@ -387,10 +380,8 @@ class ForkServer:
                         test, rank = self.rank_of.pop(pid)
                         ended = RankExit.from_status(rank, pid, status, by_harness=pid in running)
                         self._send(protocol.Exited(test, ended))
-        else:
-            left = ()
         self._sweep()
-        self._send(protocol.Killed(test_id, left))
+        self._send(protocol.Killed(test_id))
 
     def _sweep(self) -> list[tuple[int, str]]:
         """Kill our children that are no rank of a live run: processes ranks abandoned."""

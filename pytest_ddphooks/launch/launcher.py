@@ -156,9 +156,8 @@ class Launcher:
             if left == 0.0 and not self._pending:
                 return None
 
-    def kill(self, test_id: str) -> tuple[list[RankExit], list[tuple[int, int, str]]]:
-        """Kill every process of the run (ranks and whatever they started); wait for them.
-        Returns how the ranks ended, and (rank, pid, command line) of what they had started."""
+    def kill(self, test_id: str) -> list[RankExit]:
+        """Kill every process of the run (ranks and whatever they started); wait for them."""
         self._request(protocol.Kill(test_id))
         exits = []
         while True:
@@ -166,7 +165,7 @@ class Launcher:
             if isinstance(msg, protocol.Exited) and msg.test_id == test_id:
                 exits.append(msg.exit)
             elif isinstance(msg, protocol.Killed) and msg.test_id == test_id:
-                return exits, list(msg.left)
+                return exits
 
     def finish(self, test_id: str, label: str, wait: bool = True) -> list[tuple[int, str]]:
         """End the run: once its ranks are gone, what they left running is killed and its

@@ -96,10 +96,7 @@ class Noted(RunMessage):
 
 @dataclass(frozen=True)
 class Killed(RunMessage):
-    """Every process of the run is gone. ``left``: (rank, pid, command line) of the processes
-    a rank had started and left running as it was killed, killed with it."""
-
-    left: tuple[tuple[int, int, str], ...] = ()
+    """Every process of the run is gone."""
 
 
 @dataclass(frozen=True)

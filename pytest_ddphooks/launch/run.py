@@ -52,6 +52,9 @@ KILLED_SETTLE_SECONDS = 2.0
 # a rank died: the others' collectives raise once its connections close; they get this long
 # to write their own result before they are stopped
 DEATH_GRACE_SECONDS = 0.5
+# the same before a restart: a survivor that ends on its own names what it leaves behind (what
+# a rank the harness stops had running is the interrupted attempt's, as under torchrun)
+RESTART_GRACE_SECONDS = 2.0
 # a rank finished while others run: the others most often finish a moment later, and a look
 # for a stall then reads nothing; it is taken only if they have not (looking at once, every
 # rank's events were read once per rank that finished: 56 reads in a passing 8-rank test)
@@ -269,7 +272,8 @@ class RunWatch:
             self._stop(self._pending_stop)
             return
         if self._stop_at is None:
-            self._stop_at = time.monotonic() + DEATH_GRACE_SECONDS
+            restarting = self.job.attempt < self.job.max_restarts
+            self._stop_at = time.monotonic() + (RESTART_GRACE_SECONDS if restarting else DEATH_GRACE_SECONDS)
         if any(r in self.reporting for r in live):
             self._stop_at = max(self._stop_at, (self._failed_at or time.monotonic()) + self.grace)
 
@@ -370,8 +374,7 @@ class RunWatch:
             report.stacks = dump_stacks(targets, deeper=deeper) if targets else {}
             for r in live:
                 report.stopped[r] = reason
-            exits, report.left_running = self.launcher.kill(self.job.test_id)
-            for ex in exits:
+            for ex in self.launcher.kill(self.job.test_id):
                 report.exits.setdefault(ex.rank, ex)
                 if not ex.by_harness and not ex.clean:
                     report.stopped.pop(ex.rank, None)  # it died on its own before it was stopped

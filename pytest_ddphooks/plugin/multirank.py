@@ -413,9 +413,7 @@ class MultirankHooks:
         attempts: list[str] = []
         while _death(report) and job.attempt < job.max_restarts:
             attempts.append(attempt_summary(report, job.attempt))
-            # what a dead attempt left, also what a rank stopped after the death had started
-            # (it could not end and name it itself)
-            self._rank_leaks(item, report, f" (attempt {job.attempt})", stopped_too=True)
+            self._rank_leaks(item, report, f" (attempt {job.attempt})")  # what a dead attempt left
             job = active.job = self._next_run(job, attempt=job.attempt + 1)
             watch = self._launch(item, job)
             report = watch.wait_end()
@@ -507,14 +505,12 @@ class MultirankHooks:
                         place(when, key, text)
 
     @staticmethod
-    def _rank_leaks(item: pytest.Item, report: RunReport, run: str = "", stopped_too: bool = False) -> None:
-        """What the ranks of one run (``run``: which, when the test had several) left behind;
-        ``stopped_too``: with what ranks the harness stopped had started."""
-        left = [(r, pid, cmd) for r, res in sorted(report.results.items()) for pid, cmd in res.leaks]
-        if stopped_too:
-            left.extend(sorted(report.left_running))
+    def _rank_leaks(item: pytest.Item, report: RunReport, run: str = "") -> None:
+        """What the ranks of one run (``run``: which, when the test had several) left behind."""
         leaked = [
-            Leak("process", cmd, f"rank {r} left process {pid} running (killed){run}: {cmd}") for r, pid, cmd in left
+            Leak("process", cmd, f"rank {r} left process {pid} running (killed){run}: {cmd}")
+            for r, res in sorted(report.results.items())
+            for pid, cmd in res.leaks
         ]
         leaked.extend(
             Leak("process", cmd, f"process {pid} started by a rank outlived it{run}: {cmd} (killed)")

@@ -247,12 +247,14 @@ def _run_body(
             # (mypy checks a method assigned on an instance against the unbound one, self included)
             item.addfinalizer = fixtures.finalizers.append  # type: ignore[method-assign,assignment]
             item.funcargs = fixtures.funcargs(payload.dependent)
+            _stray_exceptions(item)
             ctx.note("setup", "ok")
             phase = "call"
             mark("call")
             _lend_breakpoints(ctx, item)
             _reseed_as_the_session(item, "call")
             item.ihook.pytest_pyfunc_call(pyfuncitem=item)
+            _stray_exceptions(item)
             if fixtures.finalizers:  # dying in their teardown is then reported as teardown
                 ctx.note("call", "passed")
         except BaseException as exc:
@@ -268,6 +270,10 @@ def _run_body(
             capman.deactivate_fixture()
         mark("teardown")
         teardown_errors = fixtures.teardown() if fixtures is not None else []
+        try:
+            _stray_exceptions(item)
+        except Exception as exc:
+            teardown_errors.append(exc)
     elapsed = time.monotonic() - started
     if error is None and teardown_errors:
         error, phase = teardown_errors[0], "teardown"
@@ -275,6 +281,24 @@ def _run_body(
     result.output_marks = marks
     result.ended_ns = time.time_ns()
     return result
+
+
+def _stray_exceptions(item: pytest.Function) -> None:
+    """As pytest ends each phase of a plain test: an exception a thread of the rank did not
+    catch, or one Python could not raise (in a ``__del__``), is a warning of the test (an
+    error under ``-W error``)."""
+    __tracebackhide__ = True
+    for module, name in (
+        ("_pytest.threadexception", "collect_thread_exception"),
+        ("_pytest.unraisableexception", "collect_unraisable"),
+    ):
+        collect = getattr(sys.modules.get(module), name, None)
+        if collect is None:
+            continue
+        try:
+            collect(item.config)
+        except KeyError:
+            continue  # the plugin is off (-p no:threadexception): nothing was kept
 
 
 def _rebuilt(blobs: dict[str, bytes]) -> dict[str, Any]:

@@ -201,7 +201,8 @@ def _rank_labelled(sections: list[tuple[str, str]]) -> list[tuple[str, str]] | N
             # a special test's interpreter sends its sections labelled already: once is enough
             # lines end at "\n" only, as the terminal shows them (not at a form feed or U+2028)
             pieces = text.split("\n")
-            lines = [piece + "\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
+            # a last line with no newline still ends: the next section's first line is another's
+            lines = [piece + "\n" for piece in pieces[:-1]] + ([pieces[-1] + "\n"] if pieces[-1] else [])
             text = "".join(line if line.startswith(label) else label + line for line in lines)
         out.append((title, text))
     return out

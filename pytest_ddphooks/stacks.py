@@ -345,6 +345,11 @@ def format_stack(stack: ThreadStack, name: str) -> list[str]:
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
+def of_harness(path: str) -> bool:
+    """A file of this plugin (its frames are the harness's, not the test's)."""
+    return os.path.abspath(path).startswith(_PACKAGE + os.sep)
+
+
 def without_harness_frames(stderr: str) -> str:
     """A process's stderr with the harness's frames left out of its fatal error dump (the
     dump is the harness's doing: the launcher, pytest and the recorder around the test's
@@ -361,7 +366,7 @@ def without_harness_frames(stderr: str) -> str:
         kept = {id(f) for f in trimmed}
         lines = [line for line, f in frames if id(f) in kept]
         # a thread the harness started (its frames, below the test's, are still the plugin's)
-        ours = any(os.path.abspath(f.path).startswith(_PACKAGE + os.sep) for f in trimmed)
+        ours = any(of_harness(f.path) for f in trimmed)
         if thread and not ours and (lines or not frames):
             out.extend(thread + lines)
         thread.clear()

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import IO, Any
 
+from ..stacks import of_harness
+
 # the pytest process lends its terminal to one rank at a time: another rank's debugger waits
 # its turn as long as that takes (the time limit stands still meanwhile, and still ends a rank
 # nobody ever comes to)
@@ -136,9 +138,6 @@ class RankDebugger:
             debugger._give_back()
 
 
-_HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 class _PostMortem(pdb.Pdb):
     """pdb on a failure, at the innermost frame of the code under test: a collective that
     raised as its peer went away raised inside the recorder's wrapper, which is no frame a
@@ -148,8 +147,7 @@ class _PostMortem(pdb.Pdb):
         done = super().setup(f, tb)
         for index in range(len(self.stack) - 1, -1, -1):
             frame = self.stack[index][0]
-            ours = frame.f_code.co_filename.startswith(_HARNESS + os.sep)
-            if not ours and not frame.f_locals.get("__tracebackhide__"):
+            if not of_harness(frame.f_code.co_filename) and not frame.f_locals.get("__tracebackhide__"):
                 if index != self.curindex:
                     self.curindex, self.curframe = index, frame
                     self.curframe_locals = frame.f_locals

@@ -443,10 +443,10 @@ class MultirankHooks:
             plan.restore()
             # the whole test again, from its first attempt
             active.job = self._next_run(plain_job, attempt=0, holds=holds(seed, plain_job.world_size, profile))
-            under = f" under schedule {format_seed(seed)}"
-            report, verdict = self._run_to_end(item, active, self._launch(item, active.job), under)
+            under = f"under schedule {format_seed(seed)}"
+            report, verdict = self._run_to_end(item, active, self._launch(item, active.job), f" {under}")
             plan.held_seconds += held_seconds(report.held)
-            self._rank_leaks(item, report, f" (under schedule {format_seed(seed)})")
+            self._rank_leaks(item, report, f" ({under})")
             failed = verdict.failure or verdict.teardown  # a rank's teardown failing under it counts
             if failed is not None:
                 failed.schedule = [plan.header(index, seed)]

@@ -150,6 +150,10 @@ def _join(context: Any, limit: float, run_dir: str) -> None:
             if process.is_alive():
                 process.kill()
             process.join()
+        # torch leaves the file a failed child wrote its traceback to; ours are in run_dir
+        for path in context.error_files:
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
 
 def _failures(run_dir: str) -> dict[int, tuple[int, str]]:

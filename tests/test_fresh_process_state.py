@@ -4,6 +4,11 @@ a node, whatever the fork server the ranks come from had."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 GATHER = """
 import os
 import signal
@@ -153,3 +158,46 @@ def test_kept(rank):
         subprocess=True,
     )
     ran.result.assert_outcomes(passed=1)
+
+
+def test_multiprocessing_folders_a_rank_made_are_removed_as_it_leaves_and_the_pytest_processs_stay(
+    inner, pytester, monkeypatch
+) -> None:
+    # sending a tensor to a child starts multiprocessing's resource sharer in a pymp-* folder,
+    # which a process torchrun starts removes as it exits; the pytest process's own folder,
+    # made before the ranks' fork server existed, is not theirs to remove
+    temp = Path(tempfile.mkdtemp(prefix="ddp-"))  # short: a Unix socket's path is at most 107 bytes
+    monkeypatch.setenv("TMPDIR", str(temp))
+    pytester.makeconftest("import multiprocessing.util\nSESSION_TEMP = multiprocessing.util.get_temp_dir()\n")
+    ran = inner(
+        """
+import multiprocessing as mp
+import os
+from multiprocessing import resource_sharer
+
+import pytest
+from conftest import SESSION_TEMP
+
+
+@pytest.mark.multirank(world_size=2)
+def test_rank_offers_a_file_to_a_child(rank):
+    # what sending a tensor's memory to a child process does first
+    resource_sharer.DupFd(os.open(os.devnull, os.O_RDONLY))
+    assert os.listdir(mp.util.get_temp_dir())  # the sharer's socket
+    assert mp.util.get_temp_dir() != SESSION_TEMP  # a fresh process makes its own
+
+
+def test_the_sessions_folder_is_still_there():
+    assert os.path.isdir(SESSION_TEMP)
+    with open(os.path.join(os.path.dirname(SESSION_TEMP), "session-temp.txt"), "w") as f:
+        f.write(SESSION_TEMP)
+""",
+        subprocess=True,
+    )
+    try:
+        ran.result.assert_outcomes(passed=2)
+        session_temp = (temp / "session-temp.txt").read_text()
+        assert not os.path.exists(session_temp)  # removed as the pytest process exited
+        assert sorted(p.name for p in temp.glob("pymp-*")) == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

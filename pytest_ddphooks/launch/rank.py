@@ -31,7 +31,7 @@ from ..recorder import Recorder, events
 from ..report import RankResult
 from ..schedule import Hold, ScheduleHook
 from ..stacks import ASK_NATIVE, ASK_STACKS, write_python_stacks
-from . import procs, protocol, rendezvous
+from . import mp_cleanup, procs, protocol, rendezvous
 from .debugger import RankDebugger
 from .job import VOLATILE_ENV, Job
 from .output import RankOutput, flush_std
@@ -251,6 +251,7 @@ def _harness_failure(rank: int, exc: BaseException) -> RankResult:
 
 def _become_rank() -> None:
     torch_defaults.reseed_if_unseeded()
+    mp_cleanup.forget_inherited()
     procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
     # what the test starts and abandons stays under the rank, which names and kills it
     # before its result is written (a double-forked daemon included)
@@ -375,6 +376,7 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
         procs.retire(1, 2)
     if result.measured is None:  # saved off the test's path: the session combines once every run ended
         coverage_relay.save(rank_cov)
+    mp_cleanup.run_own()
     if state.store is not None:
         with contextlib.suppress(Exception):
             _exit_barrier(state.store, rank, job.world_size, result.outcome == "failed", job.group_limit)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 
 from pytest_ddphooks import Timeline, TimelineAssertionError
@@ -68,11 +70,16 @@ def test_prepare_data_every_rank(tmp_path) -> None:
     assert {s.rank for s in timeline.spans("dm.prepare_data")} == {0, 1}
 
 
-def test_prepare_data_rank0_only_starves_the_second_node(tmp_path) -> None:
+def test_prepare_data_rank0_only_starves_the_second_node(tmp_path, monkeypatch) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     trainer = Trainer("ddp", world_size=2, num_nodes=2, bugs={"prepare_data_rank0_only"}, timeout=60.0)
     with pytest.raises(RankError, match="found no data") as caught:
         trainer.fit(RegressionModule(), RegressionDataModule(tmp_path))
     assert caught.value.rank == 1
+    # torch.multiprocessing leaves the traceback file of a child that raised; the launcher removes it
+    assert list(temp.iterdir()) == []
 
 
 def test_model_to_device_twice(tmp_path) -> None:

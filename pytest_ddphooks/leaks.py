@@ -116,7 +116,7 @@ class Allowlist:
 
 
 def _live_thread(leak: Leak) -> threading.Thread | None:
-    return _threads().get(leak.ref) if leak.kind == "thread" else None
+    return live_threads().get(leak.ref) if leak.kind == "thread" else None
 
 
 def thread_leak(t: threading.Thread) -> Leak:
@@ -157,7 +157,7 @@ def _groups() -> dict[str, str]:
     return out
 
 
-def _threads() -> dict[int, threading.Thread]:
+def live_threads() -> dict[int, threading.Thread]:
     return {t.ident: t for t in threading.enumerate() if t.ident is not None and t.is_alive()}
 
 
@@ -203,7 +203,7 @@ class LeakGuard:
         return out
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(_groups(), self._processes(), _threads(), frozenset(_fds_by_inode()), env_now())
+        return Snapshot(_groups(), self._processes(), live_threads(), frozenset(_fds_by_inode()), env_now())
 
     def find(self, before: Snapshot, after: Snapshot | None = None) -> list[Leak]:
         after = after or self.snapshot()
@@ -255,7 +255,7 @@ class LeakGuard:
                 until = max(deadline, time.monotonic() + singletons.patience(leak, leak.ref))
                 while procs.is_running(leak.ref) and time.monotonic() < until:
                     time.sleep(0.01)
-        alive = _threads()
+        alive = live_threads()
         for leak in leaks:
             t = alive.get(leak.ref) if leak.kind == "thread" else None
             if t is not None:
@@ -423,7 +423,7 @@ def _threads_using(inode: int, owners: dict[int, list[socket.socket]] | None = N
     socks = (owners if owners is not None else _python_sockets({inode})).get(inode, [])
     if not socks:
         return []
-    threads = _threads()
+    threads = live_threads()
     me = threading.get_ident()
     out = []
     for ident, frame in sys._current_frames().items():

@@ -40,6 +40,9 @@ class _Rank:
     count: int = 0  # events recorded
     off_main: set[int] = field(default_factory=set)  # call ids open on a thread other than the main one
     lost: set[str] = field(default_factory=set)  # groups whose numbering it lost (``EventLog.judge_gaps``)
+    # threads other than its main one and the harness's, as the rank last answered since its latest
+    # event (None: not asked since)
+    free_threads: tuple[str, ...] | None = None
 
 
 JOIN = "join"  # what init_process_group and new_group wait for: every rank's call of it
@@ -92,7 +95,11 @@ class RankProgress:
         for call_id, t_ns, lane, kind, phase, _, info in records:
             if kind == events.META:
                 continue
+            if kind == events.THREADS:
+                state.free_threads = tuple((info or {}).get("names") or ())
+                continue
             state.count += 1
+            state.free_threads = None  # what the rank did since may have started one
             if info and info.get("native") and phase == events.START:
                 # entered; its call is known where it is taken in its place below
                 state.entered.setdefault(collective_key(info), {})
@@ -242,15 +249,20 @@ class RankProgress:
         for rank in sorted(live):
             state = self._of(rank)
             calls = list(state.inside.items())
-            # one blocking call on the rank, from Python, on its main thread: the rank can do
+            # one blocking call on the rank, from Python, on its main thread, and no other thread
+            # of the code under test that could still enter what a peer waits in: the rank can do
             # nothing else (one on another thread leaves the main thread free to go on)
-            if len(calls) == 1 and calls[0][0] not in state.off_main:
+            if len(calls) == 1 and calls[0][0] not in state.off_main and state.free_threads == ():
                 info = calls[0][1]
                 if _blocking_collective(info) or _blocking_p2p(info):
                     blocked[rank] = info
         # a rank inside timeline() waits for every rank to call it as often: one blocked in a
         # collective that rank never entered never will
-        exchanging = {rank: self._of(rank).in_exchange for rank in sorted(live) if self._of(rank).in_exchange}
+        exchanging = {
+            rank: self._of(rank).in_exchange
+            for rank in sorted(live)
+            if self._of(rank).in_exchange and self._of(rank).free_threads == ()
+        }
         waits: dict[int, list[int]] = {}
         for rank, info in blocked.items():
             if _blocking_p2p(info):

@@ -211,6 +211,43 @@ def test_two_groups_entered_in_opposite_orders_are_a_deadlock_said_early(inner) 
     assert ran.seconds < 30
 
 
+def test_a_cycle_a_thread_of_the_code_under_test_could_still_break_is_no_deadlock(inner) -> None:
+    ran = inner(
+        """
+        import threading
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2, timeout=60)
+        def test_each_main_thread_waits_for_the_other_ranks_loader(rank):
+            a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
+            mine, theirs = (a, b) if rank == 0 else (b, a)
+
+            def load():
+                threading.Event().wait(4)  # longer than a cycle must hold
+                dist.barrier(group=theirs)
+
+            loader = threading.Thread(target=load, name="loader")
+            loader.start()
+            dist.barrier(group=mine)
+            loader.join()
+
+        @pytest.mark.multirank(world_size=2, timeout=5)
+        def test_a_cycle_beside_an_idle_thread(rank):
+            a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
+            first, second = (a, b) if rank == 0 else (b, a)
+            threading.Thread(target=threading.Event().wait, name="heartbeat", daemon=True).start()
+            dist.barrier(group=first)
+            dist.barrier(group=second)
+        """
+    )
+    ran.result.assert_outcomes(failed=1, passed=1)
+    # nothing tells the heartbeat from a thread about to enter: only the limit ends the wait
+    ran.lines("hang: the test did not finish within 5 s (2 ranks)")
+    ran.lines("FAILED test_inner.py::test_a_cycle_beside_an_idle_thread - hang after 5 s*")
+    ran.no_lines("*wait for each other*")
+
+
 def test_a_rank_that_never_joins_the_group_its_peers_init_is_said_early(inner) -> None:
     ran = inner(
         """

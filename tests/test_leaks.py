@@ -593,6 +593,42 @@ def test_what_a_lingering_thread_makes_while_the_guard_waits_is_the_tests_leak(i
     ran.lines("*test_delayed leaked (cleaned up before the next test):", "  process * is still running: sleep 300")
 
 
+def test_what_a_later_test_is_charged_with_names_the_thread_an_earlier_one_left_running(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import subprocess
+        import threading
+
+        GO, DONE, KEEP = threading.Event(), threading.Event(), []
+
+        def test_starts_a_spawner():
+            def spawner():
+                GO.wait()
+                KEEP.append(subprocess.Popen(["sleep", "301"]))
+                DONE.set()
+            threading.Thread(target=spawner, name="spawner", daemon=True).start()
+
+        def test_innocent():
+            GO.set()
+            DONE.wait(30)
+
+        def test_clean_and_quiet():
+            pass
+        """,
+        "--ddp-leaks=warn",
+    )
+    ran.result.assert_outcomes(passed=3, warnings=2)
+    ran.lines(
+        "*test_innocent leaked (cleaned up before the next test):",
+        "    process * is still running: sleep 301",
+        "    (perhaps not this test's: daemon thread 'spawner' (target *spawner), left running by"
+        " test_inner.py::test_starts_a_spawner, still ran as this test began)",
+    )
+    ran.no_lines("*test_clean_and_quiet leaked*")
+    ran.no_lines("*test_starts_a_spawner leaked*perhaps not*")
+
+
 def test_an_xfail_never_takes_a_leak_for_the_failure_it_expects(inner) -> None:
     ran = inner(
         """

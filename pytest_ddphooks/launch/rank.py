@@ -211,8 +211,20 @@ def _answer_asks(path: str, stacks: str, recorder: Recorder) -> None:
                     write_python_stacks(stacks)
                 if ASK_NATIVE in what:
                     recorder.read_native(grace=False)  # the watch is waiting for the answer
+                    recorder.write_sampled(events.THREADS, _free_threads)
 
     threading.Thread(target=serve, name="ddphooks-native", daemon=True).start()
+
+
+HARNESS_THREAD = "ddphooks-"  # how the harness's own threads in a rank are named
+
+
+def _free_threads() -> dict[str, Any]:
+    """The rank's threads besides its main one and the harness's: any of them could still
+    enter the collective a peer waits in, so a main thread blocked there is not stuck for sure."""
+    main = threading.main_thread()
+    names = [t.name for t in threading.enumerate() if t is not main and not t.name.startswith(HARNESS_THREAD)]
+    return {"names": names}
 
 
 def _follow_schedule(recorder: Recorder, own: list[Hold]) -> None:

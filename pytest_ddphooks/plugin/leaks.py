@@ -24,7 +24,7 @@ import pytest
 from .. import coverage_relay, ownership, singletons, spmd
 from ..errors import LeakWarning
 from ..launch import procs
-from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot, native_only
+from ..leaks import Allowlist, Leak, LeakGuard, Outcome, Snapshot, live_threads, native_only, thread_label
 from .markers import is_special
 from .session import DdpSession
 from .special import runs_here
@@ -120,6 +120,7 @@ class LeakHooks:
         self._made_by: dict[Any, list[Leak]] = {}
         self._inner_made: list[list[Leak]] = []  # per fixture setup running: what nested ones made
         self._set_up: list[Any] = []  # wider fixtures set up during the current test's setup
+        self.threads_left: dict[int, str] = {}  # ident of a thread a test left running -> it and the test
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Generator[None, object, object]:
@@ -269,7 +270,7 @@ class LeakHooks:
             if allow is not None and not allow.allows(lk)
         ]
         if before is None:
-            self._report(item, rank_leaks, [])
+            self._report(item, rank_leaks, [], None)
             return
         leaks = self.guard.find(before, ending)
         found = list(leaks)
@@ -330,7 +331,7 @@ class LeakHooks:
         if WIDER_KEY in item.stash:  # the values of scopes that end now go, as pytest lets them go
             del item.stash[WIDER_KEY]
         ended = self._ended_scopes(item)
-        self._report(item, rank_leaks + self.guard.clean(own, before), ended)
+        self._report(item, rank_leaks + self.guard.clean(own, before), ended, before)
 
     @staticmethod
     def _wider_values(item: pytest.Item) -> dict[str, tuple[Any, Any]]:
@@ -394,10 +395,25 @@ class LeakHooks:
                 out.append((entry, self.guard.clean(still, entry.before)))
         return out
 
-    def _report(self, item: pytest.Item, outcomes: list[Outcome], ended: list[tuple[_Pending, list[Outcome]]]) -> None:
+    def _report(
+        self,
+        item: pytest.Item,
+        outcomes: list[Outcome],
+        ended: list[tuple[_Pending, list[Outcome]]],
+        before: Snapshot | None,
+    ) -> None:
+        suspects = self._left_running(outcomes, before) if outcomes and before is not None else []
+        # threads a test leaves running keep working during the tests after it
+        alive = live_threads()
+        for o in outcomes:
+            if o.leak.kind == "thread" and not o.cleaned and o.leak.ref in alive:
+                self.threads_left[o.leak.ref] = f"{thread_label(alive[o.leak.ref])}, left running by {item.nodeid}"
+        for ident in [i for i in self.threads_left if i not in alive]:
+            del self.threads_left[ident]
         if self.mode == "off":
             return
         lines = describe(f"{item.nodeid} leaked", outcomes)
+        lines.extend(suspects)
         for entry, done in ended:
             head = f"{entry.owner}, set up for {entry.test}, left behind when its scope ended"
             lines.extend(describe(head, done, "cleaned up"))
@@ -411,6 +427,16 @@ class LeakHooks:
             warnings.warn_explicit(LeakWarning(message), LeakWarning, str(path), (lineno or 0) + 1)
         except LeakWarning:  # -W error: the test's error, in the same words
             raise _leak_failure(f"LeakWarning: {message}") from None
+
+    def _left_running(self, outcomes: list[Outcome], before: Snapshot) -> list[str]:
+        """Threads earlier tests left running that ran during this one: what the test is charged
+        with may be what they did meanwhile."""
+        own = {o.leak.ref for o in outcomes if o.leak.kind == "thread"}
+        return [
+            f"  (perhaps not this test's: {left}, still ran as this test began)"
+            for ident, left in self.threads_left.items()
+            if ident in before.threads and ident not in own
+        ]
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:

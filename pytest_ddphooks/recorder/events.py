@@ -34,7 +34,8 @@ COUNTERS = "counters"  # a finished rank's last collective per group: for the wa
 ARMED = "armed"  # a fault armed on this rank (``faults``)
 FIRED = "fired"  # an armed fault acted, right after the event it acts at
 HELD = "held"  # a schedule held the rank back at a point (``--ddp-explore``)
-WATCH_ONLY = (EXCHANGE, COUNTERS, ARMED, FIRED, HELD)
+THREADS = "threads"  # a stuck rank's threads that could still call torch.distributed: for the watchdog only
+WATCH_ONLY = (EXCHANGE, COUNTERS, ARMED, FIRED, HELD, THREADS)
 TEMPLATE = "template"  # in the event file only: what the compact records after it stand for
 
 # Phases.

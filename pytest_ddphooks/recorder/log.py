@@ -231,6 +231,14 @@ class EventLog:
             with self._lock:
                 self._file.write((0, time.time_ns(), lane, kind, phase, name, info))
 
+    def write_sampled(self, kind: str, sample: Callable[[], dict[str, Any]]) -> None:
+        """A record for the watchdog alone whose info is taken as the file's lock is held: it
+        describes the rank between the events written before it and those written after."""
+        if self._file is not None:
+            lane = self._lane()
+            with self._lock:
+                self._file.write((0, time.time_ns(), lane, kind, events.POINT, kind, sample()))
+
     def add_trigger(self, trigger: Callable[[str, str, str, int], None]) -> None:
         """Also call ``trigger`` after each event is written, after the ones already there."""
         previous = self.trigger

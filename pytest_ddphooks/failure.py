@@ -856,6 +856,9 @@ def _summary(f: RunFailure) -> list[str]:
         elif rf is not None and rf.how == "consequence":
             message = _first(rf.result.message) if rf.result is not None else ""
             lines.append(f"  rank {r}: failed after rank {rf.after}, because its peer went away: {message}")
+            at = rf.result.raised_at if rf.result is not None else None
+            if at is not None:
+                lines.append(f"    at {Frame(*at).describe()}")
         elif rf is not None and rf.result is not None:
             where = "" if rf.result.phase == "call" else f" in fixture {rf.result.phase}"
             lines.append(f"  rank {r}: failed{where}: {_first(rf.result.message)}")
@@ -961,7 +964,9 @@ def render(f: RunFailure) -> Rendered:
     dead = any(rf.how == "died" for rf in f.failures)
     stopped = any(st.reason for st in f.ranks.values())
     timed_out = f.stuck and not f.desynced and not f.stall and not f.deadlock
-    if f.timeline is not None and (f.mismatches or timed_out or f.stall or dead or stopped):
+    # where each rank was when one died, was stopped or lost its peer
+    consequence = any(rf.how == "consequence" for rf in f.failures)
+    if f.timeline is not None and (f.mismatches or timed_out or f.stall or dead or stopped or consequence):
         lines.append("")
         lines.append("recorded timeline:")
         lines.extend(f.timeline.swimlanes(max_rows=80).splitlines())

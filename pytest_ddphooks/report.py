@@ -25,6 +25,7 @@ class RankResult:
     longrepr: str = ""  # the rank's own failure report, formatted where it happened
     message: str = ""  # one line: "AssertionError: assert 1 == 2"
     location: tuple[str, int] | None = None  # (path, line) of the failure or skip
+    raised_at: tuple[str, int, str] | None = None  # (path, line, function) of user code a failure came through
     duration: float = 0.0
     leaks: list[tuple[int, str]] = field(default_factory=list)  # (pid, command) left running, killed
     harness_error: bool = False  # the failure came from setting the rank up, not the test

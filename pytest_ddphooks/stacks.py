@@ -308,6 +308,17 @@ def user_frame(stack: ThreadStack, *, outside_installed: bool = False) -> Frame 
     return None
 
 
+def raised_in_user_code(tb: types.TracebackType | None) -> Frame | None:
+    """The innermost frame of user code an exception's traceback went through."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not is_library(code.co_filename):
+            found = Frame(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return found
+
+
 def installed(path: str) -> bool:
     """A file of a package pip installed (site-packages, dist-packages)."""
     parts = os.path.abspath(path).split(os.sep)

@@ -317,11 +317,14 @@ def test_exception_on_one_rank_while_the_other_waits_ends_fast(inner) -> None:
         import pytest
         import torch.distributed as dist
 
+        def wait_for_the_others():
+            dist.barrier()
+
         @pytest.mark.multirank(world_size=2)
         def test_raise(rank):
             if rank == 0:
                 raise ValueError("boom on rank 0")
-            dist.barrier()
+            wait_for_the_others()
         """,
         "--ddp-timeout=60",
     )
@@ -329,6 +332,13 @@ def test_exception_on_one_rank_while_the_other_waits_ends_fast(inner) -> None:
     ran.lines("multirank test failed on rank 0 of 2", "  rank 0: failed: ValueError: boom on rank 0", "*rank 1:*")
     ran.lines("E*ValueError: boom on rank 0")
     assert ran.seconds < 20
+    if "rank 1: failed after rank 0, because its peer went away" in ran.text:
+        # its traceback is left out for rank 0's: where it was is said, and the timeline drawn
+        ran.lines(
+            "  rank 1: failed after rank 0, because its peer went away: *",
+            "    at test_inner.py:5 in wait_for_the_others: dist.barrier()",
+        )
+        ran.lines("recorded timeline:", "rank 0 * | rank 1*")
 
 
 def test_skip_and_xfail_in_the_body_behave_as_in_a_plain_test(inner) -> None:

@@ -32,7 +32,7 @@ from _pytest.logging import caplog_records_key
 from _pytest.outcomes import Exit, Skipped, XFailed
 from _pytest.warnings import catch_warnings_for_item
 
-from .. import coverage_relay, warning_relay
+from .. import coverage_relay, stacks, warning_relay
 from ..failure import PEER_GONE
 from ..faults import Faults
 from ..launch import livelog
@@ -393,6 +393,8 @@ def outcome_of(
     result = RankResult(
         rank, "failed", longrepr=text, message=message, location=location, duration=elapsed, phase=phase
     )
+    at = stacks.raised_in_user_code(error.__traceback__)
+    result.raised_at = (at.path, at.line, at.function) if at is not None else None
     result.highlights = list(getattr(error, "highlights", None) or [])
     if isinstance(error, Exit):
         result.exit_request = (str(error.msg), error.returncode)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .recorder import collectives, events
-from .recorder.clocks import collective_key, lanes_by_place
+from .recorder.clocks import World, collective_key, lanes_by_place, separate_worlds, world_of
 
 
 @dataclass
@@ -40,6 +40,7 @@ class _Rank:
     count: int = 0  # events recorded
     off_main: set[int] = field(default_factory=set)  # call ids open on a thread other than the main one
     lost: set[str] = field(default_factory=set)  # groups whose numbering it lost (``EventLog.judge_gaps``)
+    worlds: list[World] = field(default_factory=list)  # each default group it initialised: its place, its size
     # threads other than its main one and the harness's, as the rank last answered since its latest
     # event (None: not asked since)
     free_threads: tuple[str, ...] | None = None
@@ -79,10 +80,21 @@ class RankProgress:
         """A rank's init_process_group returned its place: lanes and group ranks differ only
         where the code under test chose them (``rank=1 - RANK``); a group initialised again
         may place it anew, and what a live rank waits in is of its latest group."""
-        if not isinstance(info.get("rank"), int) or info["rank"] == state.placed:
+        if not isinstance(info.get("rank"), int):
             return
+        state.worlds.append(world_of(info))
         state.placed = int(info["rank"])
-        self._lanes = lanes_by_place({lane: st.placed for lane, st in self._ranks.items() if st.placed is not None})
+        self._lanes = lanes_by_place(
+            {lane: st.placed for lane, st in self._ranks.items() if st.placed is not None and not self.apart(lane)}
+        )
+
+    def apart(self, rank: int) -> bool:
+        """The rank's latest group is a world apart from the other ranks' (``separate_worlds``):
+        none of its calls is compared with, or waits for, another rank's."""
+        k = len(self._of(rank).worlds) - 1
+        if k < 0:
+            return False
+        return rank in separate_worlds({r: st.worlds[k] for r, st in self._ranks.items() if len(st.worlds) > k})
 
     def _of(self, rank: int) -> _Rank:
         state = self._ranks.get(rank)
@@ -219,11 +231,14 @@ class RankProgress:
         counts with the call it made there: gloo may let one side of a mismatched collective
         return, never the other."""
         at: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
+        apart = {rank for rank in self._ranks if self.apart(rank)}
         for rank, state in self._ranks.items():
+            if rank in apart:
+                continue
             for info in state.inside.values():
                 if info.get("seq") and info.get("sync") not in (collectives.SEND, collectives.RECV):
                     at.setdefault(collective_key(info), {})[rank] = info
-        for rank in {*finished, *self._ranks}:
+        for rank in {*finished, *self._ranks} - apart:
             entered = self._of(rank).entered
             for key, ranks in at.items():
                 call = entered.get(key)
@@ -247,6 +262,8 @@ class RankProgress:
         progress); else None."""
         blocked: dict[int, dict[str, Any]] = {}
         for rank in sorted(live):
+            if self.apart(rank):
+                continue  # whom it waits for is not known
             state = self._of(rank)
             calls = list(state.inside.items())
             # one blocking call on the rank, from Python, on its main thread, and no other thread
@@ -292,6 +309,8 @@ class RankProgress:
         out: dict[int, tuple[str, list[int]]] = {}
         now = time.time_ns()
         for rank in sorted(live):
+            if self.apart(rank):
+                continue  # whom it waits for is not known
             state = self._of(rank)
             if state.fired and int(state.fired[-1].get("until_ns") or 0) > now:
                 continue  # asleep in an injected delay as a call began: not yet inside it

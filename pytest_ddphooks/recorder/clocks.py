@@ -45,6 +45,12 @@ class Instance:
         return int(self.key[2]) if self.key[0] in ("c", "m") else int(self.key[-1])
 
     @property
+    def apart(self) -> int | None:
+        """The rank whose call it is alone, made in a world apart from the others' (``Lanes.apart``)."""
+        group = self.key[1]
+        return int(group[2]) if isinstance(group, tuple) and group[1:2] == ("apart",) else None
+
+    @property
     def complete(self) -> bool:
         return all(m in self.starts for m in self.members)
 
@@ -167,11 +173,19 @@ def _pair(
     their lanes."""
     call = at.info
     group, src, dst = call["group"], lane(src_seq["src"], at), lane(call["dst"], at)
-    key = ("p", group, src, dst, call.get("tag", 0), src_seq["seq"])
+    key = _paired_key(("p", group, src, dst, call.get("tag", 0), src_seq["seq"]), lane, at)
     inst = found.get(key)
     if inst is None:
         inst = found[key] = Instance(key, "send/recv", collectives.RECV, str(group), (src, dst))
     return inst
+
+
+def _paired_key(key: tuple[Any, ...], lane: Lanes, at: Event) -> tuple[Any, ...]:
+    """``key`` (its group second), made the rank's own where the call was made in a world apart
+    from the other lanes' (``Lanes.apart``): it then pairs with no other lane's call."""
+    if not lane.apart(at):
+        return key
+    return (key[0], (key[1], "apart", at.rank), *key[2:])
 
 
 def instances(by_rank: Mapping[int, Sequence[Event]], lane: Lanes | None = None) -> dict[tuple[Any, ...], Instance]:
@@ -202,7 +216,7 @@ def instances(by_rank: Mapping[int, Sequence[Event]], lane: Lanes | None = None)
             if e.phase == events.START:
                 open_starts[e.call_id] = e
                 if e.kind == events.COLLECTIVE and e.info.get("seq"):
-                    key = collective_key(e.info)
+                    key = _paired_key(collective_key(e.info), lane, e)
                     inst = found.get(key)
                     if inst is None:
                         members = e.info.get("ranks") or list(range(int(e.info.get("group_size") or len(world))))
@@ -227,7 +241,7 @@ def instances(by_rank: Mapping[int, Sequence[Event]], lane: Lanes | None = None)
                 if start is None:
                     continue
                 if e.kind == events.COLLECTIVE and start.info.get("seq"):
-                    key = collective_key(start.info)
+                    key = _paired_key(collective_key(start.info), lane, start)
                     found_inst = found.get(key)
                     if found_inst is not None and e.info.get("issued") is False:
                         # it raised before reaching the group: the next call has its number
@@ -264,22 +278,32 @@ class Lanes:
     places of the group the event's rank had initialised last before it."""
 
     def __init__(self, by_rank: Mapping[int, Sequence[Event]]) -> None:
-        inits: dict[int, list[tuple[int, int | None]]] = {}  # rank -> (event index, its place), in order
+        # rank -> (event index, its place, its world's size), in order
+        inits: dict[int, list[tuple[int, World]]] = {}
         for rank, evs in by_rank.items():
             for e in evs:
                 if e.kind == events.GROUP and e.phase == events.END and e.name.endswith("init_process_group"):
                     if "error" in e.info:
                         continue  # it raised: no group came of it
-                    given = e.info.get("rank")
-                    inits.setdefault(rank, []).append((e.index, given if isinstance(given, int) else None))
+                    inits.setdefault(rank, []).append((e.index, world_of(e.info)))
         self._inits = {rank: [index for index, _ in found] for rank, found in inits.items()}
         # the k-th group every rank initialised is one group: its places, lane -> group rank
         rounds = max((len(found) for found in inits.values()), default=0)
         self._by_round = []
+        self._apart: list[set[int]] = []  # per round: lanes whose world is not the others'
         for k in range(rounds):
-            places = {r: found[k][1] for r, found in inits.items() if k < len(found)}
-            self._by_round.append(lanes_by_place({r: place for r, place in places.items() if place is not None}))
+            worlds = {r: found[k][1] for r, found in inits.items() if k < len(found)}
+            apart = separate_worlds(worlds)
+            self._apart.append(apart)
+            places = {r: place for r, (place, _) in worlds.items() if place is not None and r not in apart}
+            self._by_round.append(lanes_by_place(places))
         self.chosen = any(self._by_round)  # some group placed a lane elsewhere than its rank
+
+    def apart(self, at: Event) -> bool:
+        """``at`` happened in a world of its rank's that no other lane's calls can be paired
+        with: a world of one, or one of several the recorded places and sizes cannot tell apart."""
+        k = bisect_right(self._inits.get(at.rank, []), at.index) - 1
+        return 0 <= k < len(self._apart) and at.rank in self._apart[k]
 
     def __call__(self, group_rank: Any, at: Event | None = None) -> int:
         """The lane of ``group_rank`` as ``at`` named it (no event: as the first group placed them)."""
@@ -288,6 +312,31 @@ class Lanes:
         k = 0 if at is None else bisect_right(self._inits.get(at.rank, []), at.index) - 1
         lane_of = self._by_round[k] if 0 <= k < len(self._by_round) else {}
         return lane_of.get(int(group_rank), int(group_rank))
+
+
+World = tuple[int | None, int | None]  # a rank's place in its default group, and that group's size
+
+
+def world_of(info: Mapping[str, Any]) -> World:
+    """The place and the world's size an ``init_process_group`` returned (None: not known)."""
+    place, size = info.get("rank"), info.get("world_size")
+    return (place if isinstance(place, int) else None, size if isinstance(size, int) else None)
+
+
+def separate_worlds(worlds: Mapping[int, World]) -> set[int]:
+    """Of lanes that each initialised a default group (the k-th of each), those whose calls
+    pair with no other lane's: each lane alone in a world of one, and every lane where the rest
+    are not one world, each lane at its own place (two jobs of two at places 0,1,0,1: which
+    lanes share a job is not recorded, and their groups are named and numbered alike)."""
+    alone = {r for r, (_, size) in worlds.items() if size == 1}
+    rest = {r: w for r, w in worlds.items() if r not in alone}
+    sizes = {size for _, size in rest.values()}
+    if not rest or sizes == {None}:
+        return alone
+    places = sorted(place if place is not None else -1 for place, _ in rest.values())
+    if len(sizes) == 1 and places == list(range(len(rest))) and len(rest) == next(iter(sizes)):
+        return alone
+    return set(worlds)
 
 
 def lanes_by_place(placed: Mapping[int, int]) -> dict[int, int]:

@@ -376,6 +376,12 @@ class Timeline:
     def _describe_passage(self, inst: Instance, x: Span, y: Span) -> str:
         assert x.end is not None
         label = f"{inst.label()} on {collectives.group_label(inst.group, list(inst.members))}"
+        if inst.apart is not None:
+            return (
+                f"{label}, which rank {inst.apart} called in a world apart from the other ranks' (a world of one,"
+                " or one whose members the places and sizes its init_process_group returned cannot tell): it is"
+                " paired with no other rank's call"
+            )
         start = inst.starts.get(x.rank)
         p2p = inst.key[0] == "p"
         if start is None and p2p and x.rank in inst.ends:

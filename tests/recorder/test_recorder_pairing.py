@@ -522,6 +522,67 @@ def test_reformed(rank, recorder, shared_tmp_path, separate):
     result.assert_outcomes(passed=2)
 
 
+def test_jobs_the_recorded_places_cannot_tell_apart_pair_nothing_across_them(pytester) -> None:
+    """Two jobs of two (lanes 0,2 and 1,3, each at places 0,1): both jobs' sends are 'send 0->1
+    #1 on the default group', and lane 0's paired with lane 1's own send, proving a@0 -> b@1
+    between lanes that never met. Which lanes share a job is not recorded: nothing pairs across
+    them. Ranks that each form a world of one call what they like (no desync); a pair and a
+    rank alone (world 3): the pair's calls still pair."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=4, init_process_group=False)
+def test_two_jobs_of_two(rank, recorder, shared_tmp_path):
+    job, me = rank % 2, rank // 2
+    dist.init_process_group("gloo", rank=me, world_size=2, init_method=f"file://{shared_tmp_path}/job{job}")
+    if rank == 0:
+        recorder.mark("a")
+    if me == 0:
+        dist.send(torch.ones(1), dst=1)
+        dist.all_reduce(torch.ones(2 + job))
+    else:
+        dist.recv(torch.ones(1), src=0)
+        dist.all_reduce(torch.ones(2 + job))
+    if rank == 1:
+        recorder.mark("b")
+    dist.destroy_process_group()
+    tl = recorder.timeline()
+    assert "which rank 1 called in a world apart from the other ranks'" in refused(tl, "a@0", "b@1")
+    assert tl.collective_mismatches() == []
+
+
+@pytest.mark.multirank(world_size=2)
+def test_each_rank_its_own_world(rank, recorder, shared_tmp_path):
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"file://{shared_tmp_path}/alone{rank}", world_size=1, rank=0)
+    if rank == 0:
+        dist.all_reduce(torch.ones(3))
+    else:
+        dist.barrier()
+    dist.destroy_process_group()
+    assert recorder.timeline().collective_mismatches() == []
+
+
+@pytest.mark.multirank(world_size=3)
+def test_a_pair_and_a_rank_alone(rank, recorder, shared_tmp_path):
+    dist.destroy_process_group()
+    if rank < 2:
+        dist.init_process_group("gloo", init_method=f"file://{shared_tmp_path}/pair", world_size=2, rank=rank)
+    else:
+        dist.init_process_group("gloo", init_method=f"file://{shared_tmp_path}/alone", world_size=1, rank=0)
+    recorder.mark(f"m{rank}")
+    dist.barrier()
+    recorder.mark(f"after{rank}")
+    dist.destroy_process_group()
+    tl = recorder.timeline()
+    tl.assert_happens_before("m0@0", "after1@1")
+    refused(tl, "m2@2", "after0@0")
+    refused(tl, "m0@0", "after2@2")
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
 def test_functional_sends_and_receives_are_counted_so_later_collectives_pair_as_they_ran(pytester) -> None:
     """funcol.isend_inplace / irecv_inplace and batch_p2p_ops_inplace move the group's count on
     the two ranks they join alone: unseen, rank 1's first all-reduce paired with rank 0's second

@@ -181,8 +181,8 @@ class RankProgress:
     def _call(state: _Rank, call_id: int, kind: str, phase: str, info: dict[str, Any]) -> None:
         sync = info.get("sync")
         if phase == events.START:
-            if not info.get("effective", True) or str(info.get("group")) in state.lost:
-                return
+            if not info.get("effective", True) or info.get("hollow") or str(info.get("group")) in state.lost:
+                return  # reaches nobody: nothing to wait in or compare
             if kind == events.COLLECTIVE and info.get("seq"):
                 state.entered[collective_key(info)] = info
             elif sync == collectives.SEND:

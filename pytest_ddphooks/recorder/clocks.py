@@ -84,6 +84,11 @@ class Instance:
         return any(collectives.no_elements(e.info.get("payload")) for e in self.starts.values())
 
     @property
+    def hollow(self) -> str | None:
+        """The backend of its group, where that returns without waiting for anyone ("fake")."""
+        return next((str(e.info["hollow"]) for e in self.starts.values() if e.info.get("hollow")), None)
+
+    @property
     def native(self) -> bool:
         """Some member issued it from native code, which waits for it out of sight."""
         return any(e.info.get("native") for e in self.starts.values())
@@ -119,6 +124,8 @@ class Instance:
 
     def edges(self) -> list[tuple[Event, list[Event]]]:
         """(completion event, the start events it waited for)."""
+        if self.hollow is not None:
+            return []
         if self.sync == collectives.RECV:
             send = self.starts.get(self.key[2])
             recv_done = self.completion(self.key[3])

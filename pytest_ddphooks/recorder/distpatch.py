@@ -220,12 +220,14 @@ def _group_info(
     rec: EventLog, pg: Any, world: Any, op: str, api: str | None, async_op: bool
 ) -> tuple[str, dict[str, Any]]:
     """The group's key, and the start of a call's info on it."""
-    _, key, field, value = _known_group(rec, pg, world)
+    _, key, field, value, hollow = _known_group(rec, pg, world)
     info: dict[str, Any] = {"op": op, "group_existed": True}
     if api is not None:
         info["api"] = api
     info["group"] = key
     info[field] = value
+    if hollow is not None:
+        info["hollow"] = hollow
     if async_op:
         info["async"] = True
     return key, info
@@ -242,16 +244,31 @@ def _bare(op: str, api: str | None, world: Any) -> Call:
     return Call(info)
 
 
-def _known_group(rec: EventLog, pg: Any, world: Any) -> tuple[Any, str, str, Any]:
-    """(the group, its key, and its size for the default group or its global ranks): what a
-    group is never changes while it lives, so it is worked out once."""
+# backends whose collectives return without waiting for any other rank (FakeProcessGroup,
+# for tracing a program of many ranks in one process)
+HOLLOW_BACKENDS = frozenset({"fake"})
+
+
+def _hollow(pg: Any) -> str | None:
+    """The group's backend when it synchronises nothing."""
+    try:
+        backend = str(_dist().get_backend(pg))
+    except Exception:
+        return None
+    return backend if backend in HOLLOW_BACKENDS else None
+
+
+def _known_group(rec: EventLog, pg: Any, world: Any) -> tuple[Any, str, str, Any, str | None]:
+    """(the group, its key, its size for the default group or its global ranks, its backend
+    when that synchronises nothing): what a group is never changes while it lives, so it is
+    worked out once."""
     known = rec.described_groups.get(id(pg))
     if known is None or known[0] is not pg:
         if pg is world:
-            known = (pg, rec.group_key("default"), "group_size", int(world.size()))
+            known = (pg, rec.group_key("default"), "group_size", int(world.size()), _hollow(pg))
         else:
             key = rec.key_for_group(_group_name(pg, world), pg)
-            known = (pg, key, "ranks", list(_dist().get_process_group_ranks(pg)))
+            known = (pg, key, "ranks", list(_dist().get_process_group_ranks(pg)), _hollow(pg))
             rec.knows_group(key, known[3])
         rec.described_groups[id(pg)] = known
         rec.first_seen(known[1], pg)
@@ -270,7 +287,7 @@ def take_over_groups(rec: EventLog) -> None:
         groups = [world]
     for pg in groups:
         try:
-            _, key, _, _ = _known_group(rec, pg, world)
+            _, key, *_ = _known_group(rec, pg, world)
         except Exception:
             continue  # a group that cannot be described now is taken as its calls find it
         rec.took_over(key, _counter(pg))
@@ -1263,7 +1280,7 @@ def _wrap_functional_batch(function: str, original: Callable[..., Any], funcol: 
             named = bound.get("group_name")
             group = None if named in (None, "") else _functional_group(funcol, named)  # torch's default
             pg = world if group is None else group
-            _, key, _, _ = _known_group(rec, pg, world)
+            _, key, *_ = _known_group(rec, pg, world)
             me = int(_dist().get_rank())
             ops = list(bound.get("op_list") or [])
             peers = [_global(group, None, int(p)) for p in bound.get("peer_list") or []]

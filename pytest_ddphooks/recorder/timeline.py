@@ -382,6 +382,8 @@ class Timeline:
                 " or one whose members the places and sizes its init_process_group returned cannot tell): it is"
                 " paired with no other rank's call"
             )
+        if inst.hollow is not None:
+            return f"{label}, on a group of backend {inst.hollow!r}, which returns without waiting for anyone"
         start = inst.starts.get(x.rank)
         p2p = inst.key[0] == "p"
         if start is None and p2p and x.rank in inst.ends:
@@ -614,6 +616,8 @@ class Timeline:
         assert barrier.end is not None
         if inst.errored:
             return _ERRORED, "raised"
+        if inst.hollow is not None:
+            return _HOLLOW, f"was on a group of backend {inst.hollow!r}"
         if len(self.ranks) > 1 and len(inst.members) == 1:
             # a world of one rank is alone by design: its barriers are none the worse for it
             return _ALONE, "was on a group of this rank alone"
@@ -920,8 +924,9 @@ def _at(indices: Sequence[int]) -> str:
 
 
 # why a barrier's collective synchronised nobody, in the order a mixed reason lists them
-_ERRORED, _ALONE, _EMPTY, _ASYNC, _THREAD = range(5)
+_ERRORED, _ALONE, _EMPTY, _ASYNC, _THREAD, _HOLLOW = range(6)
 _NOOP_ALIKE = {
+    _HOLLOW: "issued only collectives on groups whose backend returns without waiting for anyone ('fake')",
     _ERRORED: "issued only collectives that raised, which synchronise nobody",
     _ALONE: "issued only collectives on groups of this rank alone, which wait for nobody",
     _EMPTY: "issued only collectives on tensors with no element, which wait for nobody",

@@ -583,6 +583,63 @@ def test_a_pair_and_a_rank_alone(rank, recorder, shared_tmp_path):
     result.assert_outcomes(passed=3)
 
 
+def test_collectives_of_a_backend_that_waits_for_nobody_order_nothing(pytester) -> None:
+    """A group of torch's 'fake' backend (FakeProcessGroup: a program of many ranks traced in
+    one process) returns from every collective at once: its barrier proved a@0 -> b@1 although
+    rank 1 marked b a second before rank 0 marked a, and a strategy barrier on it was no no-op.
+    The same barrier on a gloo group still orders and is no no-op (silent)."""
+    result = run(
+        pytester,
+        """
+import torch.testing._internal.distributed.fake_pg  # registers the "fake" backend
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+
+class Strategy:
+    def __init__(self, group):
+        self.group = group
+
+    def barrier(self):
+        dist.barrier(group=self.group)
+
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("backend", ["fake", "gloo"])
+def test_subgroup(rank, recorder, backend):
+    strategy = Strategy(dist.new_group([0, 1], backend=backend))
+    recorder.instrument_barrier(strategy, "barrier")
+    if rank == 0:
+        recorder.mark("a")
+    strategy.barrier()
+    if rank == 1:
+        recorder.mark("b")
+    tl = recorder.timeline()
+    if backend == "gloo":
+        tl.assert_happens_before("a@0", "b@1")
+        assert tl.noop_barriers() == []
+        return
+    why = refused(tl, "a@0", "b@1")
+    assert "on a group of backend 'fake', which returns without waiting for anyone" in why, why
+    assert [nb.reason for nb in tl.noop_barriers()] == [
+        "issued only collectives on groups whose backend returns without waiting for anyone ('fake')"
+    ] * 2
+
+
+@pytest.mark.multirank(world_size=2, init_process_group=False)
+def test_fake_world(rank, recorder):
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
+    if rank == 0:
+        recorder.mark("a")
+    dist.barrier()
+    if rank == 1:
+        recorder.mark("b")
+    refused(recorder.timeline(), "a@0", "b@1")
+    dist.destroy_process_group()
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
 def test_functional_sends_and_receives_are_counted_so_later_collectives_pair_as_they_ran(pytester) -> None:
     """funcol.isend_inplace / irecv_inplace and batch_p2p_ops_inplace move the group's count on
     the two ranks they join alone: unseen, rank 1's first all-reduce paired with rank 0's second

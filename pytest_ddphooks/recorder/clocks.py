@@ -335,6 +335,8 @@ def separate_worlds(worlds: Mapping[int, World]) -> set[int]:
     pair with no other lane's: each lane alone in a world of one, and every lane where the rest
     are not one world, each lane at its own place (two jobs of two at places 0,1,0,1: which
     lanes share a job is not recorded, and their groups are named and numbered alike)."""
+    if len(worlds) < 2:
+        return set()  # no other lane to take for a fellow member
     alone = {r for r, (_, size) in worlds.items() if size == 1}
     rest = {r: w for r, w in worlds.items() if r not in alone}
     sizes = {size for _, size in rest.values()}

@@ -481,11 +481,12 @@ def run_recorded(
         raise
     # a send or a receive advances the group's counter by one; a monitored barrier by its parts
     ops = 1 if call.p2p and info.get("op") != "monitored_barrier" else None
+    outer = _tls.depth  # 1 for a wait recorded inside another call (which goes on unrecorded)
     _tls.depth = 1
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        _tls.depth = 0
+        _tls.depth = outer
         failed: dict[str, Any] = {"error": error_text(exc), **_channel_closed(rec, call)}
         if info.get("async"):
             failed["async"] = True
@@ -499,7 +500,7 @@ def run_recorded(
         rec.counted(group, call.counter, counter_after, call.p2p, ops, failed=True)
         rec.end(call_id, kind, name, failed)
         raise
-    _tls.depth = 0
+    _tls.depth = outer
     out: dict[str, Any] | None = None
     done = False  # an asynchronous call that completed before it returned
     try:
@@ -943,8 +944,10 @@ def _wrap_wait(
         if _compiling():
             return original(awaited, *args, **kwargs)
         rec = active._current
-        if rec is None or _tls.depth:
+        if rec is None:
             return original(awaited, *args, **kwargs)
+        # also inside another recorded call: torch waits for a functional collective's result
+        # where a call uses it first (``dist.broadcast(r)``), and only recorded calls are awaited
         target = key(awaited)
         calls = rec.awaited_by(target)
         if not calls and hasattr(target, "untyped_storage"):

@@ -551,6 +551,39 @@ def test_unused(rank, recorder):
     result.assert_outcomes(passed=13)
 
 
+def test_a_functional_result_first_used_inside_a_recorded_call_completes_there(pytester) -> None:
+    """torch waits for a functional collective where its result is first used: inside
+    ``dist.broadcast(r)`` that wait was dropped with the calls a recorded call makes, so the
+    all-reduce was named never waited and ordered nothing. Here only the all-reduce orders a@0
+    before b@1 (the broadcast is on a group of the rank alone); unused, it orders nothing."""
+    result = run(
+        pytester,
+        """
+import torch.distributed._functional_collectives as funcol
+
+@pytest.mark.multirank(world_size=2)
+@pytest.mark.parametrize("used", [True, False])
+def test_first_use(rank, recorder, used):
+    alone = [dist.new_group([0]), dist.new_group([1])][rank]
+    if rank == 0:
+        recorder.mark("a")
+    r = funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD)
+    if used:
+        dist.broadcast(r, src=rank, group=alone)
+    if rank == 1:
+        recorder.mark("b")
+    tl = recorder.timeline()
+    if used:
+        assert tl.never_waited() == []
+        tl.assert_happens_before("a@0", "b@1")
+    else:
+        assert not tl.happens_before("a@0", "b@1")
+        r.wait()
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
 def test_torch_compile_of_code_that_calls_collectives_runs_as_without_the_plugin(pytester) -> None:
     """dynamo once traced into the recorder's wrappers and failed (an opaque group object,
     a function it skips); the compiled graph's collectives are read as native ones."""

@@ -265,11 +265,21 @@ def test_a_projects_override_of_tmp_path_that_depends_on_the_rank_starts_from_on
             assert parents[0] == parents[1]
             assert sorted(p.name for p in tmp_path.parent.iterdir()) == ["rank0", "rank1"]
 
+        @pytest.mark.multirank(world_size=2)
+        @pytest.mark.parametrize("names_tmp_path", [True, False])
+        def test_shared_stays_shared(rank, shared_tmp_path, request, names_tmp_path):
+            # the folder every rank sees is pytest's own, where each rank's folder is made
+            if names_tmp_path:
+                assert request.getfixturevalue("tmp_path").parent == shared_tmp_path
+            (shared_tmp_path / f"from{rank}").write_text("x")
+            dist.barrier()
+            assert {"from0", "from1"} <= {p.name for p in shared_tmp_path.iterdir()}
+
         def test_plain(tmp_path):  # outside a multirank test the one process is rank 0
             assert tmp_path.name == "rank0"
         """
     )
-    ran.result.assert_outcomes(passed=2)
+    ran.result.assert_outcomes(passed=4)
 
 
 def test_tmp_path_factory_reaches_the_ranks_after_the_session_used_it(inner) -> None:

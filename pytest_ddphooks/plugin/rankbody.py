@@ -242,6 +242,7 @@ def _run_body(
             fixtures = RankFixtures(item, values, builtins, payload.dependent)
             if payload.base_tmp_path is not None:
                 fixtures.set_base("tmp_path", Path(payload.base_tmp_path))
+                fixtures.set_shared_folder(Path(payload.base_tmp_path))
             # a finalizer the body adds (request.addfinalizer, request.node.addfinalizer) runs
             # in the rank's teardown: pytest's own setup state never saw this item here
             # (mypy checks a method assigned on an instance against the unbound one, self included)

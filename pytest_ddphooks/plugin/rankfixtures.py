@@ -14,6 +14,7 @@ import io
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
@@ -350,6 +351,12 @@ class RankFixtures:
         """The value of pytest's own definition of ``name``, which the test overrides with one
         set up here (its overrides ask for it by the same name)."""
         self.cache[(name, -len(_defs(self.item, name)))] = value
+
+    def set_shared_folder(self, path: Path) -> None:
+        """``shared_tmp_path`` where the project's ``tmp_path`` is a folder per rank: pytest's
+        own one, which every rank's override starts from (unless the project overrides it too)."""
+        if len(_defs(self.item, "shared_tmp_path")) == 1:
+            self.cache[("shared_tmp_path", -1)] = path
 
     def get(self, name: str, index: int = -1) -> Any:
         key = (name, index)

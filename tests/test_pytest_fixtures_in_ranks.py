@@ -455,3 +455,43 @@ def test_a_fixture_whose_plugin_is_disabled_is_not_found_as_in_a_plain_test(inne
     ran.result.assert_outcomes(errors=1, passed=1)
     ran.lines(f"E       fixture '{fixture}' not found")
     ran.no_lines("*is not available in the rank*")
+
+
+def test_an_async_fixture_set_up_in_the_ranks_is_refused_by_name(inner) -> None:
+    """Ranks call fixtures directly, not through anyio's or pytest-asyncio's setup hook: an async
+    fixture that depends on the rank was a coroutine never awaited (a test not looking at its
+    value passed with the fixture's setup never run). One that does not is set up in the pytest
+    process, by anyio, and reaches the ranks (silent)."""
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture
+        def anyio_backend():
+            return "asyncio"
+
+        @pytest.fixture
+        async def server(rank):
+            yield f"server-{rank}"
+
+        @pytest.fixture
+        async def address():
+            return "127.0.0.1:80"
+
+        @pytest.mark.anyio
+        @pytest.mark.multirank(world_size=2)
+        async def test_uses_server(server):
+            pass
+
+        @pytest.mark.anyio
+        @pytest.mark.multirank(world_size=2)
+        async def test_uses_address(address):
+            assert address == "127.0.0.1:80"
+        """
+    )
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines(
+        "  rank 0: failed in fixture setup: Failed: fixture 'server' is async and is set up inside the ranks (it"
+        " depends on a fixture of the rank), where fixtures are called directly, not through anyio or"
+        " pytest-asyncio, so it would never be awaited: *"
+    )

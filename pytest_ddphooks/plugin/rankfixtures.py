@@ -411,6 +411,14 @@ class RankFixtures:
             func = resolve_fixture_function(fd, shim)  # type: ignore[arg-type]
         except Exception:
             func = fd.func
+        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            pytest.fail(
+                f"fixture {name!r} is async and is set up inside the ranks (it depends on a fixture of the rank),"
+                " where fixtures are called directly, not through anyio or pytest-asyncio, so it would never be"
+                " awaited: make it depend on nothing of the rank (it is then set up in the pytest process), or"
+                " await what it makes in the test",
+                pytrace=False,
+            )
         if inspect.isgeneratorfunction(func):
             gen = func(**kwargs)
             value = next(gen)

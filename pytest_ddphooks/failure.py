@@ -563,7 +563,19 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     )
     if failure.phase == "teardown" and cause in (FAILURE, DEATH, HANG, STALL):
         return Verdict("passed", teardown=failure)
-    return Verdict("failed", failure)
+    return Verdict("failed", failure, teardown=_teardown_after_failure(report))
+
+
+def _teardown_after_failure(report: RunReport) -> RunFailure | None:
+    """The error of ranks whose fixtures' teardown failed after their setup or body had:
+    reported at teardown, as pytest reports a failed test's failing finalizer."""
+    errors = {r: res.teardown_error for r, res in report.results.items() if res.teardown_error is not None}
+    if not errors:
+        return None
+    # with them, the ranks whose teardown alone failed
+    errors.update((r, res) for r, res in report.results.items() if res.outcome == "failed" and res.phase == "teardown")
+    results = {r: errors.get(r) or RankResult(r, "passed") for r in range(report.world_size)}
+    return classify(RunReport(report.world_size, report.limit, results=results)).teardown
 
 
 def _expected(report: RunReport) -> bool:

@@ -59,6 +59,46 @@ def test_a_fixture_whose_teardown_fails_inside_a_rank_is_an_error_in_teardown(in
     )
 
 
+def test_a_rank_whose_body_and_fixture_teardown_both_fail_reports_both(inner) -> None:
+    # as pytest does for a plain test: the test fails, and its teardown is an error of its own
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture
+        def connection(rank):
+            yield rank
+            raise RuntimeError(f"could not close on {rank}")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_uses_it(rank, connection):
+            assert rank == 1, "the body fails on rank 0"
+
+        @pytest.fixture
+        def session(rank):
+            yield
+            if rank == 0:
+                raise RuntimeError("no goodbye")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_one_rank_fails_twice(rank, session):
+            assert rank == 1, "rank 0 fails"
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=2, errors=2)
+    ran.lines(
+        "*ERROR at teardown of test_one_rank_fails_twice*",
+        "*rank 0: failed in fixture teardown: RuntimeError: no goodbye*",
+    )
+    ran.lines("*rank 0: failed: AssertionError: the body fails on rank 0*")
+    ran.lines(
+        "*ERROR at teardown of test_uses_it*",
+        "*rank 0: failed in fixture teardown: RuntimeError: could not close on 0*",
+    )
+    ran.lines("*rank 1: failed in fixture teardown: RuntimeError: could not close on 1*")
+
+
 def test_a_body_that_fails_is_still_failed_and_fixtures_that_work_stay_quiet(inner) -> None:
     ran = inner(
         """

@@ -278,7 +278,10 @@ def _run_body(
     elapsed = time.monotonic() - started
     if error is None and teardown_errors:
         error, phase = teardown_errors[0], "teardown"
+        teardown_errors = []
     result = outcome_of(item, ctx.rank, error, phase, elapsed, payload.markup)
+    if teardown_errors and result.outcome == "failed":  # as pytest: the test fails, its teardown errs
+        result.teardown_error = outcome_of(item, ctx.rank, teardown_errors[0], "teardown", elapsed, payload.markup)
     result.output_marks = marks
     result.ended_ns = time.time_ns()
     return result

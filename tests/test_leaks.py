@@ -240,11 +240,19 @@ def test_bad_allow_marker_fails_its_test_at_setup(inner) -> None:
         def test_not_a_str():
             raise AssertionError("must not run")
 
+        @pytest.mark.ddp_allow_leaks(entries="env:SOMETHING_ELSE")
+        def test_keyword():
+            raise AssertionError("must not run")
+
         def test_after():
             pass
         """
     )
-    ran.result.assert_outcomes(passed=1, errors=2)  # each bad marker once, at its setup
+    ran.result.assert_outcomes(passed=1, errors=3)  # each bad marker once, at its setup
+    ran.lines(
+        "*@pytest.mark.ddp_allow_leaks: takes the entries as positional arguments, got entries="
+        " ('env:MASTER_PORT', 'thread:worker-*')"
+    )
     ran.lines(
         "*ERROR at setup of test_x*",
         "*@pytest.mark.ddp_allow_leaks: *'threads:x'*the kind must be one of group*",

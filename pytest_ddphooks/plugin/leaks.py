@@ -150,6 +150,12 @@ class LeakHooks:
         allow: Allowlist | None = self.allow
         problem = None
         for mark in item.iter_markers(ALLOW_MARKER):
+            if mark.kwargs:  # a misspelt call must not allow everything
+                names = ", ".join(f"{k}=" for k in sorted(mark.kwargs))
+                problem = (
+                    f"takes the entries as positional arguments, got {names} ('env:MASTER_PORT', 'thread:worker-*')"
+                )
+                break
             if not mark.args:
                 allow = None
                 break

@@ -495,3 +495,30 @@ def test_an_async_fixture_set_up_in_the_ranks_is_refused_by_name(inner) -> None:
         " depends on a fixture of the rank), where fixtures are called directly, not through anyio or"
         " pytest-asyncio, so it would never be awaited: *"
     )
+
+
+def test_getfixturevalue_of_a_fixture_nowhere_raises_what_pytest_raises(inner) -> None:
+    """The optional-fixture idiom catches pytest.FixtureLookupError: in a rank a bare LookupError
+    ('not available in the rank') escaped it. Uncaught, it says what pytest says."""
+    ran = inner(
+        """
+        import pytest
+
+        def optional(request, name, default):
+            try:
+                return request.getfixturevalue(name)
+            except pytest.FixtureLookupError:
+                return default
+
+        @pytest.mark.multirank(world_size=2)
+        def test_optional(rank, request):
+            assert optional(request, "gpu_device", "cpu") == "cpu"
+
+        @pytest.mark.multirank(world_size=2)
+        def test_required(rank, request):
+            request.getfixturevalue("gpu_device")
+        """
+    )
+    ran.result.assert_outcomes(passed=1, failed=1)
+    ran.lines("  rank 0: failed: *fixture 'gpu_device' not found")
+    ran.no_lines("*is not available in the rank*")

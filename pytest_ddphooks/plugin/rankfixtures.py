@@ -54,6 +54,35 @@ SHARED_FOLDERS = frozenset({"tmp_path", "tmpdir", "shared_tmp_path", "tmp_path_f
 MADE_BEFORE_THE_RANKS = frozenset({"tmp_path", "node_tmp_path", "tmp_path_factory", "tmpdir_factory"})
 
 
+class FixtureNotFound(pytest.FixtureLookupError):  # type: ignore[misc]  # final for typing only
+    """``request.getfixturevalue`` of a fixture that does not exist, in a rank: what pytest
+    raises for it in a plain test (the optional-fixture idiom catches it), in pytest's words."""
+
+    def __init__(self, name: str) -> None:
+        Exception.__init__(self, f"fixture {name!r} not found")
+        self.argname, self.request, self.fixturestack = name, None, []  # type: ignore[assignment]
+        self.msg = f"fixture {name!r} not found"
+
+    def __str__(self) -> str:
+        return str(self.msg)
+
+    def formatrepr(self) -> Any:
+        return _Words(str(self.msg))
+
+
+class _Words:
+    """A failure's text as pytest writes a repr to the terminal."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def toterminal(self, tw: Any) -> None:
+        tw.line(self.text, red=True, bold=True)
+
+    def __str__(self) -> str:
+        return self.text
+
+
 class FixtureNotSendable(Exception):
     def __init__(self, name: str, reason: str, what: str = "fixture", cannot: str = "be sent to the ranks") -> None:
         super().__init__(f"{what} {name!r} cannot {cannot}: {reason}")
@@ -382,7 +411,7 @@ class RankFixtures:
     def _evaluate(self, name: str, index: int) -> Any:
         defs = _defs(self.item, name)
         if not defs or -index > len(defs):
-            raise LookupError(f"fixture {name!r} is not available in the rank")
+            raise FixtureNotFound(name)
         fd = defs[index]
         callspec = getattr(self.item, "callspec", None)
         params = callspec.params if callspec is not None else {}

@@ -522,3 +522,37 @@ def test_getfixturevalue_of_a_fixture_nowhere_raises_what_pytest_raises(inner) -
     ran.result.assert_outcomes(passed=1, failed=1)
     ran.lines("  rank 0: failed: *fixture 'gpu_device' not found")
     ran.no_lines("*is not available in the rank*")
+
+
+def test_request_in_a_fixture_set_up_in_the_ranks_has_what_fixtures_commonly_read(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture
+        def in_test_dir(monkeypatch, request):
+            monkeypatch.chdir(request.path.parent)
+            assert request.fspath.dirname == str(request.path.parent)
+            assert request.session is request.node.session
+            request.applymarker(pytest.mark.slow)
+            return request.scope, request.param_index
+
+        @pytest.fixture
+        def uses_an_attribute_it_lacks(rank, request):
+            return request._pyfuncitem
+
+        @pytest.mark.multirank(world_size=2)
+        def test_in_dir(rank, in_test_dir, request):
+            assert in_test_dir == ("function", 0)
+            assert request.node.get_closest_marker("slow") is not None
+
+        @pytest.mark.multirank(world_size=2)
+        def test_lacking(uses_an_attribute_it_lacks):
+            pass
+        """
+    )
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines(
+        "  rank 0: failed in fixture setup: AttributeError: request._pyfuncitem is not available to fixture"
+        " 'uses_an_attribute_it_lacks', which is set up inside the ranks *"
+    )

@@ -346,6 +346,37 @@ class _Shim:
     def keywords(self) -> Any:
         return self.node.keywords
 
+    @property
+    def path(self) -> Any:
+        return self.node.path
+
+    @property
+    def fspath(self) -> Any:
+        return self.node.fspath
+
+    @property
+    def session(self) -> Any:
+        return self.node.session
+
+    @property
+    def scope(self) -> str:
+        return "function"  # set up in the rank once per test, whatever its declared scope
+
+    @property
+    def param_index(self) -> int:
+        callspec = getattr(self.node, "callspec", None)
+        return int(callspec.indices.get(self.fixturename, 0)) if callspec is not None else 0
+
+    def applymarker(self, marker: Any) -> None:
+        self.node.add_marker(marker)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"request.{name} is not available to fixture {self.fixturename!r}, which is set up inside the"
+            " ranks (it depends on a fixture of the rank): there request gives node, config, path, fspath, param,"
+            " function, cls, module, instance, fixturenames, keywords, addfinalizer and getfixturevalue"
+        )
+
     def raiseerror(self, msg: str | None) -> NoReturn:
         raise RuntimeError(f"fixture {self.fixturename!r} in a rank: {msg}")
 

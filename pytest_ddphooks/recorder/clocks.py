@@ -205,9 +205,19 @@ def instances(by_rank: Mapping[int, Sequence[Event]], lane: Lanes | None = None)
         open_starts: dict[int, Event] = {}
         of_call: dict[int, Instance] = {}  # call id -> its instance, for the wait of an async call
         waiting: dict[int, Instance] = {}  # call id of a wait -> the instance it completes
+        # an irecv from any source: its start and end, paired where its wait learns the sender
+        anysource: dict[int, tuple[Event, Event]] = {}
+        waiting_any: dict[int, tuple[Event, Event]] = {}
         for e in evs:
             if e.kind == events.WAIT:
-                if e.phase == events.START:
+                if e.phase == events.START and int(e.info.get("of", 0)) in anysource:
+                    waiting_any[e.call_id] = anysource.pop(int(e.info.get("of", 0)))
+                elif e.call_id in waiting_any:
+                    received, returned = waiting_any.pop(e.call_id)
+                    if e.info.get("seq") and "error" not in e.info and not lane.apart(received):
+                        paired = _pair(found, lane, received, e.info)
+                        paired.ends[rank], paired.waits[rank] = returned, e
+                elif e.phase == events.START:
                     waited = of_call.get(int(e.info.get("of", 0)))
                     if waited is not None:
                         waiting[e.call_id] = waited
@@ -273,6 +283,14 @@ def instances(by_rank: Mapping[int, Sequence[Event]], lane: Lanes | None = None)
                     inst = _pair(found, lane, start, e.info)
                     inst.ends[rank] = e
                     of_call[e.call_id] = inst
+                elif (
+                    e.kind == events.P2P
+                    and start.info.get("sync") == collectives.RECV
+                    and start.info.get("src") is None
+                    and e.info.get("async")
+                    and not e.info.get("unsure")
+                ):
+                    anysource[e.call_id] = (start, e)
     return found
 
 

@@ -954,6 +954,11 @@ def _wrap_wait(
             calls = rec.awaited_by_view(target)  # a view of a functional collective's result
         if not calls:
             return original(awaited, *args, **kwargs)
+        issued = calls[0][3]
+        learn = None
+        if not future and issued.get("sync") == collectives.RECV and issued.get("src") is None:
+            # a receive from any source: who sent is known once it completed
+            learn = functools.partial(_source_learned, issued, awaited)
         result = run_recorded(
             rec,
             events.WAIT,
@@ -962,6 +967,7 @@ def _wrap_wait(
             original,
             (awaited, *args),
             kwargs,
+            learn,
         )  # a wait that raised (``wait(timeout=...)`` timed out) completed nothing: still pending
         rec.completed(target, calls)
         for other in calls[1:]:  # the others completed with it (a future made of several)
@@ -1019,6 +1025,19 @@ def _wrap_left_running(original: Callable[..., Any]) -> Callable[..., Any]:
     functools.update_wrapper(check, original)
     setattr(check, _MARK, original)
     return check
+
+
+def _source_learned(issued: dict[str, Any], work: Any, rec: EventLog, call: Call, result: Any) -> dict[str, Any]:
+    """The pairing of a receive from any source, learned at its wait: the sender's rank (a
+    global one) and its message number on the channel, as a blocking receive's return gives."""
+    source = getattr(work, "_source_rank", None)
+    if source is None:
+        return {}
+    src = int(source())
+    group = next((pg for pg, key, *_ in tuple(rec.described_groups.values()) if key == issued.get("group")), None)
+    if group is not None and group is not _default_group():
+        src = global_rank(group, src)
+    return _received(rec, Call(issued), src)
 
 
 def _wait_call(rec: EventLog, pending: Pending, future: bool) -> Call:

@@ -640,6 +640,31 @@ def test_fake_world(rank, recorder):
     result.assert_outcomes(passed=3)
 
 
+def test_an_irecv_from_any_source_pairs_where_its_wait_learns_the_sender(pytester) -> None:
+    """dist.irecv(src=None) knows its sender only once it completed: it paired with nothing, and
+    a@0 -> b@1 through it was refused. Learned at its wait, it orders the send before the wait;
+    an order against the message's direction is still refused."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=3)
+def test_any_source(rank, recorder):
+    if rank == 2:
+        recorder.mark("a")
+        dist.send(torch.ones(1), dst=1)
+    elif rank == 1:
+        recorder.mark("c")
+        work = dist.irecv(torch.zeros(1))
+        work.wait()
+        recorder.mark("b")
+    tl = recorder.timeline()
+    tl.assert_happens_before("a@2", "b@1")
+    refused(tl, "c@1", "a@2")
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
 def test_functional_sends_and_receives_are_counted_so_later_collectives_pair_as_they_ran(pytester) -> None:
     """funcol.isend_inplace / irecv_inplace and batch_p2p_ops_inplace move the group's count on
     the two ranks they join alone: unseen, rank 1's first all-reduce paired with rank 0's second

@@ -591,6 +591,8 @@ class Timeline:
                 )
             if self._raised_before_issued(barrier):
                 return "issued no collective: the ones it called raised before they reached the group"
+            if self._left_on_threads(barrier):
+                return _NOOP_ALIKE[_THREAD]
             return "issued no collective: the process group existed but no collective was called"
         judged = [*own, *beside]
         labelled = [(inst.label(), self._waits_for_nobody(inst, barrier)) for inst in judged]
@@ -728,6 +730,25 @@ class Timeline:
             if self._idents.get((barrier.rank, lane)) not in running:
                 out.append(self._entered_instances[order])
         return out
+
+    def _left_on_threads(self, barrier: Span) -> bool:
+        """A thread the barrier started (as ``_joined`` tells) entered a collective while it ran
+        that had not completed by the time it returned."""
+        assert barrier.end is not None
+        begun, returned = barrier.start.index, barrier.end.index
+        running = set(barrier.start.info.get("running", ()))
+        first = self._first_of_lane
+        for inst in self._entered_instances:
+            start = inst.starts.get(barrier.rank)
+            if start is None or not begun < start.index < returned or start.lane == barrier.start.lane:
+                continue
+            lane = (barrier.rank, start.lane)
+            if first[lane] < begun or self._idents.get(lane) in running:
+                continue
+            done = inst.completion(barrier.rank)
+            if done is None or done.index >= returned:
+                return True
+        return False
 
     @cached_property
     def _first_of_lane(self) -> dict[tuple[int, int], int]:

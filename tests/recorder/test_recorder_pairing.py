@@ -665,6 +665,38 @@ def test_any_source(rank, recorder):
     result.assert_outcomes(passed=1)
 
 
+def test_a_barrier_that_leaves_its_collective_to_a_thread_it_does_not_wait_for_is_named_for_it(pytester) -> None:
+    """Its thread's barrier had not completed when it returned: named a no-op, and for that
+    reason (it said 'no collective was called')."""
+    result = run(
+        pytester,
+        """
+class Strategy:
+    def barrier(self):
+        self.thread = threading.Thread(target=dist.barrier)
+        self.thread.start()
+        while self.thread.is_alive() and not inside(self.thread, "barrier"):
+            time.sleep(0.01)
+
+
+@pytest.mark.multirank(world_size=2)
+def test_left_to_a_thread(rank, recorder, shared_tmp_path):
+    strategy = Strategy()
+    recorder.instrument_barrier(strategy, "barrier")
+    returned = shared_tmp_path / "returned"
+    while rank == 1 and not returned.exists():
+        time.sleep(0.01)  # rank 1 enters once rank 0's barrier returned
+    strategy.barrier()
+    if rank == 0:
+        returned.write_text("x")
+    strategy.thread.join()
+    reasons = [nb.reason for nb in recorder.timeline().noop_barriers() if nb.rank == 0]
+    assert reasons == ["issued only collectives on threads it started, and waited for none of them before it returned"]
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
 def test_functional_sends_and_receives_are_counted_so_later_collectives_pair_as_they_ran(pytester) -> None:
     """funcol.isend_inplace / irecv_inplace and batch_p2p_ops_inplace move the group's count on
     the two ranks they join alone: unseen, rank 1's first all-reduce paired with rank 0's second

@@ -897,7 +897,12 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
         return head, None
     dead = [rf for rf in f.failures if rf.how == "died"]
     if dead:
-        return f"rank {dead[0].rank} died ({_exit_words(dead[0].exit)})", None
+        message = f"rank {dead[0].rank} died ({_exit_words(dead[0].exit)})"
+        # a rank that failed on its own beside it is a cause too
+        raised = [rf for rf in f.failures if rf.how == "failed" and rf.result is not None]
+        if raised and raised[0].result is not None:
+            message += f"; rank {raised[0].rank}: {_first(raised[0].result.message)}"
+        return message, None
     primary = [rf for rf in f.failures if rf.how == "failed" and rf.result is not None]
     failing = primary or [rf for rf in f.failures if rf.result is not None]
     if not failing:

@@ -211,6 +211,27 @@ def test_a_rank_that_dies_is_named_and_the_others_stop_at_once(inner, how: str) 
     assert ran.seconds < 20, "the others must be stopped at once, not at the 60 s limit"
 
 
+def test_the_summary_line_names_a_rank_that_raised_beside_one_that_died(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=3)
+        def test_two_causes(rank):
+            dist.barrier()
+            if rank == 1:
+                raise KeyError("no such shard")
+            if rank == 2:
+                os._exit(7)
+        """,
+        "--ddp-timeout=60",
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("FAILED test_inner.py::test_two_causes - rank 2 died (exit code 7); rank 1: K*")
+
+
 @pytest.mark.parametrize("detail", [True, False], ids=["detail", "plain"])
 def test_a_rank_crashed_under_detail_debugging_is_told_why(
     inner, monkeypatch: pytest.MonkeyPatch, detail: bool

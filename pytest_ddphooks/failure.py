@@ -820,7 +820,7 @@ def _stack_lines(f: RunFailure) -> list[str]:
         ]
         for i, t in enumerate(shown):
             label = f.thread_names.get((rank, t.ident)) or (
-                "MainThread" if t.ident == main else f"thread 0x{t.ident:x}"
+                "MainThread" if t.ident == main else f"thread {t.name}" if t.name else f"thread 0x{t.ident:x}"
             )
             if i:
                 lines.append("")

@@ -17,6 +17,7 @@ import re
 import signal
 import sys
 import sysconfig
+import threading
 import time
 import types
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from typing import TypeVar
 from .launch import procs
 
 K = TypeVar("K")
-_THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-fA-F]+)")
+_THREAD = re.compile(r'^(Current thread|Thread) 0x([0-9a-fA-F]+)(?: "(.*)")?')
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 
@@ -50,6 +51,7 @@ class ThreadStack:
     current: bool
     frames: list[Frame] = field(default_factory=list)  # innermost first, as faulthandler writes
     cut: bool = False  # faulthandler writes 100 frames at most: the outermost (the test's) were left out
+    name: str | None = None  # its threading name, where the process's own thread told it
 
 
 @dataclass
@@ -72,7 +74,7 @@ def parse_stacks(text: str) -> Stacks:
     for line in text.splitlines():
         m = _THREAD.match(line)
         if m:
-            thread = ThreadStack(int(m.group(2), 16), m.group(1) == "Current thread")
+            thread = ThreadStack(int(m.group(2), 16), m.group(1) == "Current thread", name=m.group(3))
             out.threads.append(thread)
             continue
         m = _FRAME.match(line)
@@ -87,8 +89,12 @@ def write_python_stacks(path: str) -> None:
     """Every thread's whole stack, in faulthandler's format, to ``path`` (replaced at once):
     from a thread of the process, for stacks deeper than faulthandler writes."""
     lines = []
+    names = {t.ident: t.name for t in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
-        lines.append(f"Thread 0x{ident:016x} (most recent call first):")
+        name = names.get(ident)
+        # faulthandler's header line, with the thread's name where threading knows it
+        named = f' "{name}"' if name is not None and '"' not in name and "\n" not in name else ""
+        lines.append(f"Thread 0x{ident:016x}{named} (most recent call first):")
         at: types.FrameType | None = frame
         while at is not None:
             lines.append(f'  File "{at.f_code.co_filename}", line {at.f_lineno} in {at.f_code.co_name}')
@@ -102,27 +108,37 @@ def write_python_stacks(path: str) -> None:
 
 def _deepened(stacks: Stacks, deeper: str, wait: float) -> Stacks:
     """``stacks`` with each thread faulthandler cut short taken whole from ``deeper`` (what a
-    thread of the process wrote, once it could run), where it came within ``wait`` seconds.
-    No stacks at all (the code under test took the signal for a handler of its own, or
-    ignores it): all of them from ``deeper``."""
-    if stacks.threads and not any(t.cut for t in stacks.threads):
-        return stacks
-    deadline = time.monotonic() + wait
-    while not os.path.exists(deeper) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        with open(deeper, encoding="utf-8", errors="replace") as f:
-            answered = parse_stacks(f.read())
-    except OSError:
+    thread of the process wrote, once it could run), where it came within ``wait`` seconds,
+    and the threads' names from it. No stacks at all (the code under test took the signal for
+    a handler of its own, or ignores it): all of them from ``deeper``."""
+    whole_needed = not stacks.threads or any(t.cut for t in stacks.threads)
+    # for names alone a moment: a rank whose own thread cannot run (the GIL held) is not waited for
+    answered = _answer(deeper, wait if whole_needed else min(wait, 0.2))
+    if answered is None:
         return stacks
     if not stacks.threads:
         return answered
     whole = {t.ident: t for t in answered.threads}
     for t in stacks.threads:
         found = whole.get(t.ident)
-        if t.cut and found is not None and len(found.frames) > len(t.frames):
+        if found is None:
+            continue
+        t.name = t.name or found.name
+        if t.cut and len(found.frames) > len(t.frames):
             t.frames, t.cut = found.frames, False
     return stacks
+
+
+def _answer(path: str, wait: float) -> Stacks | None:
+    """The stacks a thread of the process wrote to ``path``, once there within ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return parse_stacks(f.read())
+    except OSError:
+        return None
 
 
 def dump_stacks(

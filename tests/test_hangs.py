@@ -1001,3 +1001,35 @@ def test_a_hang_in_a_rank_fixture_shows_the_fixtures_frames_not_the_harness(inne
         consecutive=True,
     )
     ran.no_lines("*no frame of the test's code*")
+
+
+def test_the_stack_of_a_thread_that_recorded_nothing_is_labelled_with_its_name(inner) -> None:
+    ran = inner(
+        """
+        import threading
+        import pytest
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_threads_deadlock(rank):
+            first, second = threading.Lock(), threading.Lock()
+            both = threading.Barrier(2)
+
+            def take(a, b):
+                with a:
+                    both.wait()
+                    with b:
+                        pass
+
+            workers = [
+                threading.Thread(target=take, args=(first, second), name="worker-a"),
+                threading.Thread(target=take, args=(second, first), name="worker-b"),
+            ]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+        """
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines("rank 0 stack, thread worker-a (most recent call last):")
+    ran.lines("rank 1 stack, thread worker-b (most recent call last):")

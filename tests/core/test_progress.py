@@ -43,13 +43,36 @@ def test_a_slow_peer_in_the_same_collective_is_no_desync() -> None:
     assert _fed(sim).desync() is None
 
 
+def _threads_answered(sim: Sim, rank: int, *names: str) -> None:
+    """The rank's answer to the watchdog: the threads besides its main one and the harness's."""
+    sim.raw[rank].append((0, sim.t, 0, events.THREADS, events.POINT, events.THREADS, {"names": list(names)}))
+
+
 def test_ranks_waiting_for_each_other_in_different_groups_are_a_deadlock() -> None:
     sim = Sim(3)
     sim.cstart(0, "barrier", group="a", ranks=[0, 1])
     sim.cstart(1, "barrier", group="b", ranks=[0, 1])
     sim.cstart(2, "all_reduce")  # waits for both; not in the cycle
+    assert _fed(sim).deadlock({0, 1, 2}, 3) is None  # not known yet: another thread could still enter
+    for rank in range(3):
+        _threads_answered(sim, rank)
     found = _fed(sim).deadlock({0, 1, 2}, 3)
     assert found is not None and found[0] == (0, 1)
+
+
+def test_a_cycle_where_a_rank_has_another_thread_or_recorded_since_it_answered_is_no_deadlock() -> None:
+    sim = Sim(2)
+    sim.cstart(0, "barrier", group="a", ranks=[0, 1])
+    sim.cstart(1, "barrier", group="b", ranks=[0, 1])
+    _threads_answered(sim, 0)
+    _threads_answered(sim, 1, "loader")  # it may enter a's barrier in a moment
+    assert _fed(sim).deadlock({0, 1}, 2) is None
+    sim = Sim(2)
+    _threads_answered(sim, 0)
+    _threads_answered(sim, 1)
+    sim.cstart(0, "barrier", group="a", ranks=[0, 1])  # answers from before their calls count for nothing
+    sim.cstart(1, "barrier", group="b", ranks=[0, 1])
+    assert _fed(sim).deadlock({0, 1}, 2) is None
 
 
 def test_a_wait_without_a_cycle_is_no_deadlock() -> None:

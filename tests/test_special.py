@@ -378,3 +378,48 @@ def test_a_special_multiranks_lines_are_labelled_once(pytester: pytest.Pytester)
     result.assert_outcomes(passed=1)
     text = (pytester.path / "out.xml").read_text()
     assert "[rank 1] hello from 1" in text and "[rank 1] [rank 1]" not in text
+
+
+def test_a_special_tests_interpreter_ends_with_a_killed_session(pytester: pytest.Pytester) -> None:
+    """SIGKILL of the pytest process (a CI runner's kill) left the interpreter of a running
+    special test, and what it started, running for ever: it now ends with its parent."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pidfile = pytester.path / "special.pid"
+    pytester.makepyfile(
+        test_sleeps=f"""
+        import os
+        import time
+        import pytest
+
+        @pytest.mark.special
+        def test_sleeps():
+            with open({str(pidfile)!r}, "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(600)
+        """
+    )
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"],
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        special = int(pidfile.read_text())
+    finally:
+        session.send_signal(signal.SIGKILL)
+        session.wait()
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{special}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = os.path.exists(f"/proc/{special}")
+    if alive:
+        os.kill(special, signal.SIGKILL)
+    assert not alive, "the special test's interpreter outlived the session"

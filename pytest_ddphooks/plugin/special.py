@@ -33,7 +33,7 @@ from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
 from .. import coverage_relay, dump_signals, warning_relay
-from ..launch import debugger
+from ..launch import debugger, procs
 from ..launch.output import descriptors_to
 from ..launch.rendezvous import DIST_ENV
 from ..special import (
@@ -445,7 +445,12 @@ class SpecialChildHooks:
         self.target = special_target()
         # the channel is this interpreter's alone: processes it starts must not inherit it
         messages, stacks = os.environ.pop(MESSAGES_ENV), os.environ.pop(STACKS_ENV)
-        os.environ.pop(PARENT_ENV, None)
+        parent = os.environ.pop(PARENT_ENV, None)
+        # the interpreter ends with the pytest process that started it (killed, it never could
+        # end it), as ranks end with their fork server; gone already: so is this test's session
+        procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if parent is not None and os.getppid() != int(parent):
+            os._exit(1)
         os.environ.pop(BASETEMP_ENV, None)
         shared = os.environ.pop(TERMINAL_ENV, "")
         self.terminal = [int(fd) for fd in shared.split(",")] if shared else []

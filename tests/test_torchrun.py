@@ -792,3 +792,33 @@ def test_a_send_of_an_earlier_test_shifts_no_pairing_in_a_later_one(pytester: py
     code, out, _ = torchrun(pytester.path, "-q", nproc=3)
     assert code == 0, out
     assert "7 passed" in out
+
+
+@pytest.mark.parametrize("how", ["exit", "interrupt"])
+def test_pytest_exit_and_ctrl_c_in_a_rank_end_the_session_as_without_torchrun(
+    pytester: pytest.Pytester, how: str
+) -> None:
+    # they were a failed test, and the session went on with the next
+    stop = 'pytest.exit("stop now", returncode=7)' if how == "exit" else "raise KeyboardInterrupt"
+    pytester.makepyfile(
+        test_stops=f"""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_stops(rank):
+            {stop}
+
+        @pytest.mark.multirank(world_size=2)
+        def test_after(rank):
+            print("test_after ran")
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "-s")
+    assert code != 0, out
+    assert "test_after ran" not in out, out
+    if how == "exit":
+        assert "exitcode  : 7" in out, out
+        assert "Exit: stop now" in out, out
+    else:
+        assert "exitcode  : 2" in out, out
+        assert "KeyboardInterrupt" in out, out

@@ -505,6 +505,8 @@ class SpmdHooks:
             self.current = None
             if own_group_env is not None:
                 self._end_own_group(own_group_env)
+        if isinstance(error, KeyboardInterrupt):
+            raise error  # Ctrl-C (torchrun passes it to every rank): the session stops, as pytest's does
         if self._watchdog_owns.is_set():
             # the body returned past its limit, once the watchdog had taken the test over: it
             # reports and ends this process; nothing more is said from here
@@ -576,6 +578,10 @@ class SpmdHooks:
             keep_artifacts(item, report, verdict, self.ddp.settings)
         if verdict.outcome == "failed":
             self.group_ok = False  # a failed test may leave the group broken: a fresh one next
+        requests = [res.exit_request for _, res in sorted(report.results.items()) if res.exit_request is not None]
+        if requests:  # pytest.exit() in a rank: every rank's session ends with its code, as without torchrun
+            message, returncode = requests[0]
+            pytest.exit(message, returncode)
         raise_verdict(verdict)
         return True
 

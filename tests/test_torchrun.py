@@ -822,3 +822,33 @@ def test_pytest_exit_and_ctrl_c_in_a_rank_end_the_session_as_without_torchrun(
     else:
         assert "exitcode  : 2" in out, out
         assert "KeyboardInterrupt" in out, out
+
+
+def test_a_flaky_test_rerun_by_pytest_rerunfailures_blames_nobody_for_the_group_rebuilt(
+    pytester: pytest.Pytester,
+) -> None:
+    # the group a failed run left is rebuilt before each run of a test, not only before the first
+    pytester.makepyfile(
+        test_flaky="""
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_a_flaky(rank, tmp_path_factory):
+            seen = tmp_path_factory.getbasetemp() / f"seen{rank}"
+            first = not seen.exists()
+            seen.write_text("1")
+            assert not (first and rank == 1)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_b_after(rank):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "-p", "rerunfailures", "--reruns", "1")
+    assert code == 0, out
+    assert "2 passed, 1 rerun" in out, out
+    assert "leaked" not in out, out

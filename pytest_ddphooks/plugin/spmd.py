@@ -86,6 +86,7 @@ class SpmdHooks:
         self.group_ok = False
         self.current: str | None = None
         self.ack: str | None = None  # set once rank 0 reported a hung rank's test
+        self._running: pytest.Item | None = None  # the test whose protocol runs
         self.hung: str | None = None  # the test whose hang ends the run
         # what the end of the test loop would do for coverage, done as a hang ends the run
         # instead (set by the coverage hooks, which import this module): hand this rank's
@@ -263,15 +264,22 @@ class SpmdHooks:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-        __tracebackhide__ = True  # what fails inside is the test's, not this hook's
-        run = item.stash.get(RUN_KEY, None)
+        self._running = item
+        try:
+            return (yield)
+        finally:
+            self._running = None
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        """Each run of a test begins (pytest-rerunfailures runs a failed one again, logged anew):
+        a failed run's group is rebuilt before the test is set up, where the leak guard takes
+        its snapshot, so its sockets are nobody's leak (should it fail here, the test's own call
+        tries again and says why)."""
+        item = self._running
+        run = item.stash.get(RUN_KEY, None) if item is not None and item.nodeid == nodeid else None
         if run is not None and not self._group_alive():
-            # a failed test's group is rebuilt before the next multirank test is set up, where
-            # the leak guard takes its snapshot: its sockets are then nobody's leak (should it
-            # fail here, the test's own call tries again and says why)
             with contextlib.suppress(Exception):
                 self._ensure_group(self.ddp.limit_of(run))
-        return (yield)
 
     def _stopped_words(self, mine: Any) -> str:
         """What is known of each rank when torchrun stopped the run during a test."""

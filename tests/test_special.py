@@ -423,3 +423,24 @@ def test_a_special_tests_interpreter_ends_with_a_killed_session(pytester: pytest
     if alive:
         os.kill(special, signal.SIGKILL)
     assert not alive, "the special test's interpreter outlived the session"
+
+
+def test_pytest_exit_in_a_special_test_ends_the_session_with_its_code(pytester: pytest.Pytester) -> None:
+    # it was a failed test ("its interpreter died: exit code 9") and the session went on
+    pytester.makepyfile(
+        test_stops="""
+        import pytest
+
+        @pytest.mark.special
+        def test_stop():
+            pytest.exit("special stop", returncode=9)
+
+        def test_after():
+            print("test_after ran")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    assert result.ret == 9
+    result.stdout.fnmatch_lines(["*Exit: special stop*"])
+    result.stdout.no_fnmatch_line("*test_after ran*")
+    result.stdout.no_fnmatch_line("*interpreter died*")

@@ -56,6 +56,7 @@ from .session import LIVE_TERMINAL_KEY, DdpSession
 from .terminal import lend_terminal
 
 TARGET_ENV = "DDPHOOKS_SPECIAL_NODEID"
+EXIT_KEY = pytest.StashKey[tuple[str, "int | None"]]()  # pytest.exit() in the test's interpreter: (msg, code)
 SPECIAL_CHILD_NAME = "ddphooks-special-child"
 
 
@@ -262,6 +263,9 @@ class SpecialHooks:
                 break
             attempt += 1
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        exit_request = item.stash.get(EXIT_KEY, None)
+        if exit_request is not None:  # as pytest.exit() from a plain test: the session ends
+            pytest.exit(*exit_request)
         return True
 
     def _basetemp(self, item: pytest.Item) -> str | None:
@@ -310,6 +314,11 @@ class SpecialHooks:
                         rep.longrepr = tuple(rep.longrepr)
                     reports.append(rep)
         relay_warnings(item, [m["warning"] for m in run.messages if m.get("event") == "warning"])
+        exits = [m for m in run.messages if m.get("event") == "exit"]
+        if exits:
+            item.stash[EXIT_KEY] = (str(exits[0].get("msg")), exits[0].get("returncode"))
+            shutil.rmtree(folder, ignore_errors=True)
+            return reports  # what the test reported before it ended the session
         problem = self._problem(item, run, limit)
         if problem is not None:
             when, text = problem
@@ -587,6 +596,11 @@ class SpecialChildHooks:
         if report.nodeid == self.target:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
             self._write({"event": "report", "report": data})
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        # pytest.exit() in the test: the parent's session ends with its code too
+        if isinstance(excinfo.value, pytest.exit.Exception):
+            self._write({"event": "exit", "msg": excinfo.value.msg, "returncode": excinfo.value.returncode})
 
     def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: Any) -> None:
         # collection warnings the parent saw itself when it collected the same file

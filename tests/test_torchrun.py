@@ -852,3 +852,21 @@ def test_a_flaky_test_rerun_by_pytest_rerunfailures_blames_nobody_for_the_group_
     assert code == 0, out
     assert "2 passed, 1 rerun" in out, out
     assert "leaked" not in out, out
+
+
+def test_the_junit_file_rank_0_writes_has_what_every_rank_recorded(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_props="""
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_props(rank, record_property):
+            record_property(f"loss_rank{rank}", 0.5 + rank)
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "--junitxml=junit.xml")
+    assert code == 0, out
+    import xml.etree.ElementTree as ET
+
+    found = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "junit.xml").iter("property")}
+    assert found == {"loss_rank0": "0.5", "loss_rank1": "1.5"}

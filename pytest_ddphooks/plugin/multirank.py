@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from _pytest.junitxml import xml_key
 from _pytest.outcomes import Skipped
 
 from .. import coverage_relay
@@ -44,6 +43,7 @@ from .reports import (
     fail_with,
     keep_artifacts,
     raise_verdict,
+    relay_properties,
     relay_warnings,
     safe_name,
 )
@@ -74,23 +74,6 @@ PREPARED_KEY = pytest.StashKey[bool]()  # the test's ranks were set up before it
 def _death(report: RunReport) -> bool:
     """A rank died (killed by a signal, injected or not, or gone before reporting)."""
     return any(report.died(r) or report.taken_out(r) == "kill" for r in range(report.world_size))
-
-
-def _relay_properties(item: pytest.Item, report: RunReport) -> None:
-    """What the ranks recorded for the junit report, each distinct one once."""
-    xml = item.config.stash.get(xml_key, None)
-    for _, result in sorted(report.results.items()):
-        for prop in result.properties:
-            if prop not in item.user_properties:
-                item.user_properties.append(prop)
-        if xml is not None:
-            for name, value in result.suite_properties:
-                if (name, str(value)) not in xml.global_properties:
-                    xml.add_global_property(name, value)
-            if result.xml_attributes:
-                reporter = xml.node_reporter(item.nodeid)
-                for name, value in result.xml_attributes:
-                    reporter.add_attribute(name, value)
 
 
 class MultirankHooks:
@@ -383,7 +366,7 @@ class MultirankHooks:
             for text in report.timeline.never_waited():
                 warn_at(item, NeverWaitedWarning(text))
         self._output_sections(item, active, report)
-        _relay_properties(item, report)
+        relay_properties(item, report)
         active.exit_request = next((r.exit_request for _, r in sorted(report.results.items()) if r.exit_request), None)
         k = self.ddp.settings.pdb_rank
         if self.ddp.settings.post_mortem and k is not None and verdict.outcome == "failed":

@@ -103,6 +103,23 @@ class _WarningLog:
         self.caught.append(warning_relay.dump(kwargs["warning_message"]))
 
 
+def junit_mark(item: pytest.Item) -> tuple[int, int]:
+    """Where the junit report's properties of the test and of the suite stand now."""
+    xml = item.config.stash.get(xml_key, None)
+    return len(item.user_properties), len(xml.global_properties) if xml is not None else 0
+
+
+def junit_recorded(item: pytest.Item, had: tuple[int, int], result: RankResult) -> None:
+    """What the rank recorded for the junit report since ``had`` (record_property,
+    record_testsuite_property, record_xml_attribute), for the process that writes it."""
+    xml = item.config.stash.get(xml_key, None)
+    result.properties = [_sendable(p) for p in item.user_properties[had[0] :]]
+    result.suite_properties = [_sendable(p) for p in xml.global_properties[had[1] :]] if xml is not None else []
+    if xml is not None:  # nothing else sets this process's copy of the test's attributes
+        with contextlib.suppress(Exception):
+            result.xml_attributes = [(str(k), str(v)) for k, v in xml.node_reporter(item.nodeid).attrs.items()]
+
+
 def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     """The test body on this rank, under the warning filters pytest would apply to it;
     the warnings it raised travel back with its result."""
@@ -112,8 +129,7 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     if item is None:
         raise LookupError(f"the rank launcher does not know the test {payload.nodeid!r}")
     _bypass_capture_when_disabled(item.config)
-    xml = item.config.stash.get(xml_key, None)
-    had = len(item.user_properties), len(xml.global_properties) if xml is not None else 0
+    had = junit_mark(item)
     # -p no:warnings: pytest catches no test's warnings (Python prints them), nor does a rank
     catching = item.config.pluginmanager.has_plugin("warnings")
     with (
@@ -124,12 +140,7 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     ):
         result = _run_body(item, payload, ctx, log_phase)
     result.mismatches_checked = ctx.recorder.mismatches_checked
-    # what the body recorded for the junit report (record_property, record_testsuite_property)
-    result.properties = [_sendable(p) for p in item.user_properties[had[0] :]]
-    result.suite_properties = [_sendable(p) for p in xml.global_properties[had[1] :]] if xml is not None else []
-    if xml is not None:  # nothing else sets this process's copy of the test's attributes
-        with contextlib.suppress(Exception):
-            result.xml_attributes = [(str(k), str(v)) for k, v in xml.node_reporter(item.nodeid).attrs.items()]
+    junit_recorded(item, had, result)
     result.warnings = warning_relay.unique(log.caught)
     result.sections = [
         (when, key, text) for when, key, text in getattr(item, "_report_sections", []) if key == "log" and text

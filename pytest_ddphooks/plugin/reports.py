@@ -13,6 +13,7 @@ from collections.abc import Generator
 
 import pytest
 from _pytest._code.code import ReprEntryNative, ReprExceptionInfo, ReprFileLocation, ReprTraceback
+from _pytest.junitxml import xml_key
 from _pytest.outcomes import Skipped
 from _pytest.skipping import xfailed_key
 
@@ -289,3 +290,20 @@ def trace_file_name(nodeid: str, taken: dict[str, str]) -> str:
         name = f"{safe_name(nodeid)[:100]}-{digest}.json"
     taken[name] = nodeid
     return name
+
+
+def relay_properties(item: pytest.Item, report: RunReport) -> None:
+    """What the ranks recorded for the junit report, each distinct one once."""
+    xml = item.config.stash.get(xml_key, None)
+    for _, result in sorted(report.results.items()):
+        for prop in result.properties:
+            if prop not in item.user_properties:
+                item.user_properties.append(prop)
+        if xml is not None:
+            for name, value in result.suite_properties:
+                if (name, str(value)) not in xml.global_properties:
+                    xml.add_global_property(name, value)
+            if result.xml_attributes:
+                reporter = xml.node_reporter(item.nodeid)
+                for name, value in result.xml_attributes:
+                    reporter.add_attribute(name, value)

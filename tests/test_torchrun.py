@@ -427,6 +427,10 @@ def test_a_setup_or_teardown_that_fails_on_one_rank_fails_on_all_and_rank_0_says
     pytester_lines = pytest.LineMatcher(out.splitlines())
     pytester_lines.fnmatch_lines([f"*{line}*" for line in expected])
     pytester_lines.fnmatch_lines(["SKIPPED [[]1[]] test_phases.py:*: no GPU on rank 1 (on rank 1)"])
+    # rank 1's own traceback, as pytest shows its fixture's error
+    pytester_lines.fnmatch_lines(
+        ["*-- rank 1 --*", "*def data(rank):", '>*raise OSError("rank 1 has no data")', "E*OSError: rank 1 has no data"]
+    )
     junit = ET.parse(pytester.path / "out.xml").getroot()
     assert junit.find("testsuite").get("errors") == "3", out  # type: ignore[union-attr]
 

@@ -26,6 +26,7 @@ from datetime import timedelta
 from typing import Any, Literal, NoReturn
 
 import pytest
+from _pytest._code import ExceptionInfo
 from _pytest.outcomes import Exit, OutcomeException, Skipped, XFailed
 
 from .. import blobs
@@ -398,7 +399,12 @@ class SpmdHooks:
         Returns where every rank's went well; raises otherwise."""
         __tracebackhide__ = True
         kind = _phase_outcome(error)
-        mine = b"" if error is None else f"{item.nodeid}\n{kind}\n{_error_text(error)}".encode()
+        mine = b""
+        if error is not None:
+            told = _error_text(error)
+            if kind == "failed" and not isinstance(error, OutcomeException):
+                told += _TRACEBACK + _traceback_of(item, error)  # rank 0's report shows it whole
+            mine = f"{item.nodeid}\n{kind}\n{told}".encode()
         if kind == "stopped":  # said to the others, not waited for: this rank's session ends
             with contextlib.suppress(Exception):
                 self.coord.post(f"phase-{when}", mine)
@@ -425,10 +431,15 @@ class SpmdHooks:
                 raise error
             failed.insert(0, (self.rank, _error_text(error)))
         if failed:
-            lines = [f"rank {r}: failed in {where}: {text}" for r, text in failed]
+            lines = [f"rank {r}: failed in {where}: {text.split(_TRACEBACK)[0]}" for r, text in failed]
             ranks = ",".join(str(r) for r, _ in failed)
             head = f"the test's {when} failed on rank{'s' if len(failed) > 1 else ''} {ranks}"
-            raise fail_with("\n".join([head, *lines]), lines[0])
+            shown = [
+                f"\n{'-' * 20} rank {r} {'-' * 20}\n{text.split(_TRACEBACK, 1)[1]}"
+                for r, text in failed
+                if _TRACEBACK in text
+            ]
+            raise fail_with("\n".join([head, *lines, *shown]), lines[0])
         if error is not None:
             raise error
         if when == "setup" and others:  # skipped (or xfailed) on some ranks: the body runs on none
@@ -807,6 +818,17 @@ def _phase_posts(everyone: list[bytes], me: int) -> list[tuple[int, str, str, st
             nodeid, how, text = blob.decode().split("\n", 2)
             out.append((r, nodeid, how, text))
     return out
+
+
+_TRACEBACK = "\x00"  # in a rank's phase post: its words, then its traceback
+
+
+def _traceback_of(item: pytest.Item, error: BaseException) -> str:
+    """A rank's error in a phase as pytest's report of that phase shows it, for rank 0's."""
+    try:
+        return str(item.repr_failure(ExceptionInfo.from_exception(error)))
+    except Exception:
+        return "".join(traceback.format_exception(error))
 
 
 def _error_text(error: BaseException) -> str:

@@ -74,9 +74,16 @@ class HangPost:
     # per blocked collective: (group, seq, what must match on every member, the call as a desync
     # report prints it)
     calls: list[tuple[str, int, str, str]] = field(default_factory=list)
+    output: list[tuple[str, str]] = field(default_factory=list)  # ("stdout"/"stderr", what the test printed)
 
     def dumps(self) -> bytes:
-        raw = {"text": self.text, "blocked": self.blocked, "entered": self.entered, "calls": self.calls}
+        raw = {
+            "text": self.text,
+            "blocked": self.blocked,
+            "entered": self.entered,
+            "calls": self.calls,
+            "output": self.output,
+        }
         return json.dumps(raw).encode()
 
     @staticmethod
@@ -88,7 +95,8 @@ class HangPost:
             ]
             entered = {str(k): int(v) for k, v in raw["entered"].items()}
             calls = [(str(g), int(s), str(same), str(call)) for g, s, same, call in raw.get("calls", [])]
-            return HangPost(str(raw["text"]), blocked, entered, calls)
+            output = [(str(k), str(v)) for k, v in raw.get("output", [])]
+            return HangPost(str(raw["text"]), blocked, entered, calls, output)
         except (ValueError, KeyError, TypeError):
             return HangPost(data.decode("utf-8", "replace"))
 

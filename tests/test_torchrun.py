@@ -123,6 +123,7 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
 
         @pytest.mark.multirank(world_size=2, timeout=2)
         def test_hang(rank):
+            print(f"rank {rank} was here")
             if rank == 1:
                 while True:
                     time.sleep(0.05)
@@ -141,8 +142,12 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
     assert [p.suffix for p in (pytester.path / "traces").iterdir()] == [".json"]
     # who waits where, and who never came
     assert "  barrier #1 on group default: rank 0 waits in it, rank 1 never entered it" in out
-    assert "test_stuck.py:9 in test_hang: time.sleep(0.05)" in out
+    assert "test_stuck.py:10 in test_hang: time.sleep(0.05)" in out
     assert seconds < 60
+    # what every rank printed, each in its own section
+    lines = pytest.LineMatcher(out.splitlines())
+    lines.fnmatch_lines(["*Captured stdout rank 0 call*", "rank 0 was here"])
+    lines.fnmatch_lines(["*Captured stdout rank 1 call*", "rank 1 was here"])
     # rank 0 still reports the test and ends the session's reports
     assert "FAILED test_stuck.py::test_hang - test_stuck.py::test_hang did not finish" in out
     assert "ddphooks: test_stuck.py::test_hang hung; the run stops before the 1 test after it" in out

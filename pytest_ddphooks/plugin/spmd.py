@@ -647,7 +647,9 @@ class SpmdHooks:
                     if r not in posts and self.coord.store.check([f"{key}/{r}"]):
                         posts[r] = HangPost.loads(bytes(self.coord.store.get(f"{key}/{r}")))
                     elif r not in posts and r in finished:
-                        posts[r] = HangPost(f"rank {r}\n" + _finished_words(pickle.loads(finished[r])))
+                        result = pickle.loads(finished[r])
+                        told = [(key, text) for _, key, text in result.sections if key in ("stdout", "stderr")]
+                        posts[r] = HangPost(f"rank {r}\n" + _finished_words(result), output=told)
             if len(posts) < self.world_size:
                 time.sleep(0.1)
         # a desync first, as the harness's own runs say it: the hang is its consequence
@@ -659,7 +661,8 @@ class SpmdHooks:
         with contextlib.suppress(Exception):
             lines += self._hang_timeline(item, limit)
         text = "\n".join(lines)
-        if not self._report_last(item, text, limit, [r for r in posts if r != 0]):
+        printed = {r: post.output for r, post in posts.items()}
+        if not self._report_last(item, text, limit, [r for r in posts if r != 0], printed):
             say(text)
         with contextlib.suppress(Exception):
             self.coord.store.set(f"hang-ack/{item.nodeid}", b"1")
@@ -679,7 +682,8 @@ class SpmdHooks:
             f.seek(0)
             stacks = parse_stacks(f.read())
         timeline = Timeline.from_raw({self.rank: list(recorder._raw)})
-        post = HangPost("")
+        # what the stuck test printed on this rank until now
+        post = HangPost("", output=[(key, text) for _, key, text in _captured_streams(item)])
         for event in timeline.events:
             info = event.info
             if event.phase == "start" and event.kind == "collective" and info.get("seq") and _paired_by_group(info):
@@ -708,7 +712,9 @@ class SpmdHooks:
         post.text = "\n".join(lines)
         return post
 
-    def _report_last(self, item: pytest.Item, text: str, limit: float, others: list[int]) -> bool:
+    def _report_last(
+        self, item: pytest.Item, text: str, limit: float, others: list[int], printed: dict[int, list[tuple[str, str]]]
+    ) -> bool:
         """Report the hung test as failed and finish the session's reports (terminal summary,
         junit XML, the HTML page, coverage with the measurements of ``others``, the ranks that
         said where they were) from this thread, the main one being stuck; False when that
@@ -719,12 +725,11 @@ class SpmdHooks:
             from _pytest.reports import TestReport
 
             capman = self.config.pluginmanager.getplugin("capturemanager")
-            sections = []
-            if capman is not None:
+            if capman is not None:  # the report goes to the terminal
                 with contextlib.suppress(Exception):
                     capman.suspend_global_capture(in_=True)
-                    out, err = capman.read_global_capture()
-                    sections = [(f"Captured {k} call", v) for k, v in (("stdout", out), ("stderr", err)) if v]
+            # every rank's, labelled, as a run that ended says them
+            sections = [(f"Captured {k} rank {r} call", v) for r, told in sorted(printed.items()) for k, v in told]
             now = time.time()
             began, began_monotonic = self._call_began
             lasted = time.monotonic() - began_monotonic  # the body's wall time, not the limit

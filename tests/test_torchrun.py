@@ -879,3 +879,26 @@ def test_the_junit_file_rank_0_writes_has_what_every_rank_recorded(pytester: pyt
 
     found = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "junit.xml").iter("property")}
     assert found == {"loss_rank0": "0.5", "loss_rank1": "1.5"}
+
+
+def test_a_file_one_rank_cannot_collect_is_said_with_its_error(pytester: pytest.Pytester) -> None:
+    # it was "every rank must collect the same tests" (exit code 4), the error nowhere
+    pytester.makepyfile(
+        test_imports="""
+        import os
+        import pytest
+
+        if os.environ.get("RANK") == "1":
+            raise ImportError("rank 1 cannot import this")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_a(rank):
+            pass
+        """
+    )
+    code, out, _ = torchrun(pytester.path)
+    assert code != 0, out
+    assert "under torchrun a test file failed to collect on some rank:" in out, out
+    assert "rank 1 could not collect test_imports.py: ImportError: rank 1 cannot import this" in out, out
+    assert "must collect the same tests" not in out, out
+    assert "exitcode  : 2" in out, out

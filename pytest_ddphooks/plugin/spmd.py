@@ -88,6 +88,7 @@ class SpmdHooks:
         self.current: str | None = None
         self.ack: str | None = None  # set once rank 0 reported a hung rank's test
         self._running: pytest.Item | None = None  # the test whose protocol runs
+        self._collect_errors: list[str] = []  # the files this rank could not collect
         self.hung: str | None = None  # the test whose hang ends the run
         # what the end of the test loop would do for coverage, done as a hang ends the run
         # instead (set by the coverage hooks, which import this module): hand this rank's
@@ -122,13 +123,25 @@ class SpmdHooks:
         self.select(items)  # once every multirank marker was read
         return result
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            lines = str(report.longrepr).strip().splitlines() or [""]
+            last = lines[-1].strip().removeprefix("E").strip()  # the error, without pytest's "E" margin
+            self._collect_errors.append(f"{report.nodeid or report.fspath}: {last}")
+
     def select(self, items: list[pytest.Item]) -> None:
-        names = json.dumps([item.nodeid for item in items]).encode()
-        lists = [
-            json.loads(b) for b in self.coord.all_gather("collected", names, self.start_timeout, "finish collection")
+        mine = json.dumps({"ids": [item.nodeid for item in items], "errors": self._collect_errors}).encode()
+        posts = [
+            json.loads(b) for b in self.coord.all_gather("collected", mine, self.start_timeout, "finish collection")
         ]
-        diff = first_difference(lists)
-        if diff is not None:
+        # a rank that could not collect a file: its errors, not the lists they made differ
+        errors = [f"rank {r} could not collect {e}" for r, post in enumerate(posts) for e in post["errors"]]
+        others = [e for r, post in enumerate(posts) if r != self.rank for e in post["errors"]]
+        diff = first_difference([post["ids"] for post in posts])
+        if others:  # this rank's own are reported by pytest as they are, and end its session
+            message = "under torchrun a test file failed to collect on some rank:\n  " + "\n  ".join(errors)
+            pytest.exit(message, returncode=pytest.ExitCode.INTERRUPTED)
+        if diff is not None and not errors:
             message = f"under torchrun every rank must collect the same tests in the same order; {diff}"
             if self.rank != 0:  # rank 0 says it; the others end alike, on their quiet terminals
                 pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)

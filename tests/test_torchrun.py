@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -902,3 +903,46 @@ def test_a_file_one_rank_cannot_collect_is_said_with_its_error(pytester: pytest.
     assert "rank 1 could not collect test_imports.py: ImportError: rank 1 cannot import this" in out, out
     assert "must collect the same tests" not in out, out
     assert "exitcode  : 2" in out, out
+
+
+def test_on_two_nodes_a_test_that_gives_nodes_runs_only_where_they_match(pytester: pytest.Pytester) -> None:
+    # nodes=1 given explicitly ran on 2 nodes (LOCAL_RANK 0,0) and failed; not given, it runs
+    pytester.makepyfile(
+        test_nodes="""
+        import os
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_any_nodes(rank):
+            pass
+
+        @pytest.mark.multirank(world_size=2, nodes=2)
+        def test_two_nodes(rank):
+            assert os.environ["LOCAL_WORLD_SIZE"] == "1"
+
+        @pytest.mark.multirank(world_size=2, nodes=1)
+        def test_one_node(rank):
+            assert os.environ["LOCAL_WORLD_SIZE"] == "2"
+        """
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    common = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    common += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=nodes-test"]
+    pytest_args = ["-m", "pytest", "-p", "no:cacheprovider", "-rs"]
+    nodes = [
+        subprocess.Popen(
+            [*common, f"--node-rank={k}", *pytest_args],
+            cwd=pytester.path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for k in (1, 0)
+    ]
+    outs = [node.communicate(timeout=180)[0] for node in nodes]
+    out = "\n".join(outs)
+    assert all(node.returncode == 0 for node in nodes), out
+    assert "2 passed, 1 deselected" in out, out
+    assert "test_nodes.py::test_one_node: nodes=1, but torchrun launched 2 nodes" in out, out

@@ -160,7 +160,8 @@ class SpmdHooks:
                 reason = "special multirank tests cannot get an interpreter of their own under torchrun"
             elif run.world_size != self.world_size:
                 reason = f"world_size={run.world_size}, but torchrun launched {self.world_size} ranks"
-            elif run.spec.nodes not in (1, self.nodes):
+            elif run.spec.nodes != self.nodes and (run.spec.nodes != 1 or _names_nodes(item)):
+                # the default (no nodes given) runs on whatever nodes torchrun launched
                 reason = f"nodes={run.spec.nodes}, but torchrun launched {self.nodes} nodes"
             if reason:
                 dropped.append(item)
@@ -813,6 +814,12 @@ class SpmdPhases:
             error = exc
         self.hooks.agree(item, when, error)
         return result
+
+
+def _names_nodes(item: pytest.Item) -> bool:
+    """The test's multirank marker gives ``nodes`` itself."""
+    marker = item.get_closest_marker("multirank")
+    return marker is not None and "nodes" in marker.kwargs
 
 
 def _phase_outcome(error: BaseException | None) -> str | None:

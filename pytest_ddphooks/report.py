@@ -27,6 +27,7 @@ class RankResult:
     location: tuple[str, int] | None = None  # (path, line) of the failure or skip
     raised_at: tuple[str, int, str] | None = None  # (path, line, function) of user code a failure came through
     teardown_error: RankResult | None = None  # its fixtures' teardown failed too, after this failure
+    markers: list[bytes] = field(default_factory=list)  # markers the rank added to the test, pickled
     duration: float = 0.0
     leaks: list[tuple[int, str]] = field(default_factory=list)  # (pid, command) left running, killed
     harness_error: bool = False  # the failure came from setting the rank up, not the test

@@ -381,3 +381,33 @@ def test_a_timer_a_fixture_runs_survives_the_limit_of_the_fixtures(inner) -> Non
         "no:randomly",
     )
     ran.result.assert_outcomes(passed=6)
+
+
+def test_an_xfail_marker_a_rank_adds_while_the_test_runs_counts_as_in_a_plain_test(inner) -> None:
+    # the marker stayed in the rank: the test was FAILED where a plain one is XFAIL
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_known_bug(rank, request):
+            request.node.add_marker(pytest.mark.xfail(reason="known on rank 1"))
+            assert rank == 0
+
+        @pytest.fixture
+        def known(rank, request):
+            request.node.add_marker(pytest.mark.xfail(reason="known everywhere", strict=True))
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fixed_since(rank, known):
+            pass
+
+        @pytest.mark.multirank(world_size=2)
+        def test_unmarked(rank):
+            assert rank == 0
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(xfailed=1, failed=2)
+    ran.lines("XFAIL test_inner.py::test_known_bug - known on rank 1")
+    ran.lines("FAILED test_inner.py::test_fixed_since*XPASS(strict)*known everywhere*")

@@ -43,6 +43,7 @@ from .reports import (
     fail_with,
     keep_artifacts,
     raise_verdict,
+    relay_markers,
     relay_properties,
     relay_warnings,
     safe_name,
@@ -367,6 +368,7 @@ class MultirankHooks:
                 warn_at(item, NeverWaitedWarning(text))
         self._output_sections(item, active, report)
         relay_properties(item, report)
+        relay_markers(item, report)
         active.exit_request = next((r.exit_request for _, r in sorted(report.results.items()) if r.exit_request), None)
         k = self.ddp.settings.pdb_rank
         if self.ddp.settings.post_mortem and k is not None and verdict.outcome == "failed":

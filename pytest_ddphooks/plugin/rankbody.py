@@ -130,6 +130,7 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
         raise LookupError(f"the rank launcher does not know the test {payload.nodeid!r}")
     _bypass_capture_when_disabled(item.config)
     had = junit_mark(item)
+    marked = len(item.own_markers)
     # -p no:warnings: pytest catches no test's warnings (Python prints them), nor does a rank
     catching = item.config.pluginmanager.has_plugin("warnings")
     with (
@@ -141,11 +142,23 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
         result = _run_body(item, payload, ctx, log_phase)
     result.mismatches_checked = ctx.recorder.mismatches_checked
     junit_recorded(item, had, result)
+    result.markers = _added_markers(item, marked)
     result.warnings = warning_relay.unique(log.caught)
     result.sections = [
         (when, key, text) for when, key, text in getattr(item, "_report_sections", []) if key == "log" and text
     ]
     return result
+
+
+def _added_markers(item: pytest.Item, had: int) -> list[bytes]:
+    """What the rank's fixtures and body added to the test (``request.node.add_marker(xfail)``),
+    for the pytest process to judge the test by, as pytest does; one that cannot be pickled
+    stays here."""
+    out = []
+    for mark in item.own_markers[had:]:
+        with contextlib.suppress(Exception):
+            out.append(pickle.dumps(mark))
+    return out
 
 
 def _sendable(prop: Any) -> tuple[str, Any]:

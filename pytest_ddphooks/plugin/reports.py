@@ -307,3 +307,19 @@ def relay_properties(item: pytest.Item, report: RunReport) -> None:
                 reporter = xml.node_reporter(item.nodeid)
                 for name, value in result.xml_attributes:
                     reporter.add_attribute(name, value)
+
+
+def relay_markers(item: pytest.Item, report: RunReport) -> None:
+    """Markers the ranks added to the test while it ran (an ``xfail`` added in the body makes
+    it an expected failure, as in a plain test), each distinct one once."""
+    seen = {(m.name, repr(m.args), repr(m.kwargs)) for m in item.own_markers}
+    for _, result in sorted(report.results.items()):
+        for blob in result.markers:
+            try:
+                mark = pickle.loads(blob)
+            except Exception:
+                continue
+            key = (mark.name, repr(mark.args), repr(mark.kwargs))
+            if key not in seen:
+                seen.add(key)
+                item.add_marker(getattr(pytest.mark, mark.name)(*mark.args, **mark.kwargs))

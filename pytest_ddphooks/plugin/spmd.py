@@ -109,7 +109,10 @@ class SpmdHooks:
         faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 
     def _on_term(self, signum: int, frame: Any) -> None:
-        self.stopping = "torchrun stopped the run: a rank ended (it died, or finished with an error) while this one ran"
+        self.stopping = (
+            "torchrun stopped the run while this rank ran: a rank ended (it died, or finished with an error),"
+            " or torchrun itself was stopped"
+        )
         if self._session is not None:
             self._session.shouldstop = f"ddphooks: {self.stopping}"
         if self._in_test:

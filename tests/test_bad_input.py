@@ -223,7 +223,8 @@ def test_markers_that_cannot_all_hold_are_errors_of_their_tests_not_of_collectio
             " which a multirank test's ranks give*",
             "*test_clash.py::test_rank_parametrized[[]1-7[]]: @pytest.mark.parametrize gives 'rank'*",
             "*test_clash.py::test_list_in_param_marks[[]2[]]: @pytest.mark.multirank(world_size=[[]...[]]) makes one"
-            " test per size where it marks the test function, its class or its module; in pytest.param(...*",
+            " test per size where it marks the test function, its class or its module, as the module is"
+            " collected; a marker added later (in pytest.param(..., marks=...), or by a hook such as*",
             "*test_clash.py::test_special_with_arguments: @pytest.mark.special takes no arguments, got (timeout=3);*",
         ],
         consecutive=False,

@@ -190,8 +190,9 @@ def _parameter_clash(item: pytest.Item, spec: MultirankSpec, callspec: object) -
     if many and "world_size" not in params:
         return (
             f"{item.nodeid}: @pytest.mark.multirank(world_size=[...]) makes one test per size where it marks the"
-            " test function, its class or its module; in pytest.param(..., marks=...) give one size"
-            " (world_size=2), one pytest.param per size"
+            " test function, its class or its module, as the module is collected; a marker added later (in"
+            " pytest.param(..., marks=...), or by a hook such as pytest_collection_modifyitems) gives one size"
+            " (world_size=2): one pytest.param per size"
         )
     return None
 

@@ -32,7 +32,6 @@ from typing import Any
 from . import ownership, releasing, singletons
 from .launch import procs
 from .launch.rendezvous import DIST_ENV
-from .recorder.distpatch import unrecorded
 
 ENV_NAMES = (*DIST_ENV, "NODE_RANK", "GROUP_RANK")
 ENV_PREFIXES = ("TORCHELASTIC_",)
@@ -526,9 +525,8 @@ def destroy_groups(names: Iterable[str] | None = None) -> list[str]:
 
     def destroy() -> None:
         try:
-            with unrecorded():  # the harness's, not the test's
-                for group in targets:
-                    dist.destroy_process_group(group)
+            for group in targets:
+                dist.destroy_process_group(group)
         except BaseException as exc:
             error.append(exc)
         finally:

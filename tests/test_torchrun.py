@@ -347,13 +347,10 @@ def test_a_failed_test_blames_nobody_for_the_group_rebuilt_after_it(pytester: py
             dist.barrier()
         """
     )
-    code, out, _ = torchrun(pytester.path, "--ddp-trace-dir=traces")
+    code, out, _ = torchrun(pytester.path)
     assert code != 0, out
     assert "= 1 failed, 1 passed" in out, out
     assert "leaked" not in out, out
-    # the harness's destroy of the failed test's group is not the test's: not in its timeline
-    (trace,) = (pytester.path / "traces").iterdir()
-    assert "destroy_process_group" not in trace.read_text()
 
 
 def test_a_setup_or_teardown_that_fails_on_one_rank_fails_on_all_and_rank_0_says_so(pytester: pytest.Pytester) -> None:

@@ -22,7 +22,6 @@ recorded call (``broadcast_object_list`` broadcasting its sizes, ``dist.all_redu
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -31,7 +30,7 @@ import re
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import torch_defaults
@@ -53,20 +52,6 @@ class _Depth(threading.local):
 
 
 _tls = _Depth()
-
-
-@contextlib.contextmanager
-def unrecorded() -> Iterator[None]:
-    """What this thread calls meanwhile is not the test's: none of it is recorded (the
-    harness's own destroy of a group a failed test left)."""
-    outer = _tls.depth
-    _tls.depth = 1
-    try:
-        yield
-    finally:
-        _tls.depth = outer
-
-
 _OBJECT_OPS = {"all_gather_object", "gather_object", "scatter_object_list"}
 _REDUCING = {
     "all_reduce",

@@ -476,6 +476,17 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     """The verdict of a run. ``setup_done``: the ranks known to have set up their fixtures
     (None when the run does not say), to tell a failure during setup from one in the call;
     ``body_passed``: those whose body passed, so that dying then was in a fixture's teardown."""
+    teardown = _teardown_after_failure(report)
+    if teardown is not None:
+        # the ranks whose teardown alone failed are the teardown's error, not the call's failure
+        calls = {
+            r: dataclasses.replace(res, outcome="passed", longrepr="", message="", phase="call", teardown_error=None)
+            if res.outcome == "failed" and res.phase == "teardown"
+            else dataclasses.replace(res, teardown_error=None)
+            for r, res in report.results.items()
+        }
+        verdict = classify(dataclasses.replace(report, results=calls), setup_done, body_passed)
+        return dataclasses.replace(verdict, teardown=verdict.teardown or teardown)
     n = report.world_size
     timeline = report.timeline
     mismatches = timeline.collective_mismatches() if timeline is not None else []
@@ -563,7 +574,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     )
     if failure.phase == "teardown" and cause in (FAILURE, DEATH, HANG, STALL):
         return Verdict("passed", teardown=failure)
-    return Verdict("failed", failure, teardown=_teardown_after_failure(report))
+    return Verdict("failed", failure)
 
 
 def _teardown_after_failure(report: RunReport) -> RunFailure | None:
@@ -572,6 +583,7 @@ def _teardown_after_failure(report: RunReport) -> RunFailure | None:
     errors = {r: res.teardown_error for r, res in report.results.items() if res.teardown_error is not None}
     if not errors:
         return None
+    errors = {r: dataclasses.replace(res, teardown_error=None) for r, res in errors.items() if res is not None}
     # with them, the ranks whose teardown alone failed
     errors.update((r, res) for r, res in report.results.items() if res.outcome == "failed" and res.phase == "teardown")
     results = {r: errors.get(r) or RankResult(r, "passed") for r in range(report.world_size)}

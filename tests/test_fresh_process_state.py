@@ -201,3 +201,40 @@ def test_the_sessions_folder_is_still_there():
         assert sorted(p.name for p in temp.glob("pymp-*")) == []
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_rank_that_leaves_a_pool_open_ends_without_waiting_on_it(inner) -> None:
+    # running every multiprocessing finalizer as a rank left waited for ever on the pool's lock,
+    # held by a worker the rank had killed: ranks piled up until the session's end
+    ran = inner(
+        """
+        import multiprocessing as mp
+        import os
+        import time
+        import psutil
+        import pytest
+
+        KEEP = []
+
+        def square(x):
+            return x * x
+
+        @pytest.mark.multirank(world_size=2)
+        @pytest.mark.parametrize("i", range(2))
+        def test_pool_left_open(rank, i):
+            pool = mp.get_context("fork").Pool(2)
+            KEEP.append(pool)
+            assert pool.map(square, [1, 2, 3]) == [1, 4, 9]
+
+        def test_z_no_rank_lingers():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                ranks = [p for c in psutil.Process().children() for p in c.children()]
+                if not ranks:
+                    return
+                time.sleep(0.05)
+            raise AssertionError(f"{len(ranks)} rank processes still alive")
+        """,
+        "--ddp-leaks=off",
+    )
+    ran.result.assert_outcomes(passed=3)

@@ -244,11 +244,16 @@ def test_bad_allow_marker_fails_its_test_at_setup(inner) -> None:
         def test_keyword():
             raise AssertionError("must not run")
 
+        @pytest.mark.ddp_allow_leaks("env:MY_FLAG", reason="the app sets it for good")
+        def test_with_a_reason():
+            import os
+            os.environ["MY_FLAG"] = "1"
+
         def test_after():
             pass
         """
     )
-    ran.result.assert_outcomes(passed=1, errors=3)  # each bad marker once, at its setup
+    ran.result.assert_outcomes(passed=2, errors=3)  # each bad marker once, at its setup
     ran.lines(
         "*@pytest.mark.ddp_allow_leaks: takes the entries as positional arguments, got entries="
         " ('env:MASTER_PORT', 'thread:worker-*')"

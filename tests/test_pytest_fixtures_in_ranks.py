@@ -539,6 +539,9 @@ def test_request_in_a_fixture_set_up_in_the_ranks_has_what_fixtures_commonly_rea
 
         @pytest.fixture
         def uses_an_attribute_it_lacks(rank, request):
+            import copy
+
+            assert copy.copy(request).fixturename == "uses_an_attribute_it_lacks"
             return request._pyfuncitem
 
         @pytest.mark.multirank(world_size=2)

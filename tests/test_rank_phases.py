@@ -87,6 +87,13 @@ def test_a_rank_whose_body_and_fixture_teardown_both_fail_reports_both(inner) ->
         "-rA",
     )
     ran.result.assert_outcomes(failed=2, errors=2)
+    # the call is the body's failure alone: rank 1's body passed, its teardown is the error's
+    ran.lines(
+        "*_ test_uses_it _*",
+        "multirank test failed on rank 0 of 2",
+        "*rank 0: failed: AssertionError*",
+        "  rank 1: passed",
+    )
     ran.lines(
         "*ERROR at teardown of test_one_rank_fails_twice*",
         "*rank 0: failed in fixture teardown: RuntimeError: no goodbye*",

@@ -900,12 +900,19 @@ def test_a_file_one_rank_cannot_collect_is_said_with_its_error(pytester: pytest.
             pass
         """
     )
-    code, out, _ = torchrun(pytester.path)
+    code, out, seconds = torchrun(pytester.path)
     assert code != 0, out
     assert "under torchrun a test file failed to collect on some rank:" in out, out
     assert "rank 1 could not collect test_imports.py: ImportError: rank 1 cannot import this" in out, out
     assert "must collect the same tests" not in out, out
     assert "exitcode  : 2" in out, out
+    # rank 0 alone cannot: it ends too, no rank waits for another that left
+    test_file = pytester.path / "test_imports.py"
+    test_file.write_text(test_file.read_text().replace('== "1"', '== "0"'))
+    code, out, seconds = torchrun(pytester.path)
+    assert code != 0 and seconds < 60, out
+    assert "rank 0 could not collect test_imports.py" in out, out
+    assert "INTERNALERROR" not in out, out
 
 
 def test_on_two_nodes_a_test_that_gives_nodes_runs_only_where_they_match(pytester: pytest.Pytester) -> None:

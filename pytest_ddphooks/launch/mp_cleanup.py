@@ -4,8 +4,9 @@ A process torchrun starts runs multiprocessing's finalizers as it exits: the tem
 ``pymp-*`` it made (sending a tensor's memory to a child, or a child's to it, starts a resource
 sharer listening on a socket there) is removed. A rank forked from the fork server ends with
 ``os._exit`` and would leave one such folder in the system's temp folder per rank that used it.
-It runs the finalizers registered in the rank as it leaves, and never those it inherited: they
-belong to the pytest process (its own folder, its own pools), as for a child multiprocessing forks.
+It removes, as it leaves, the folders it made itself (those finalizers alone: a pool's would wait
+for the workers the rank killed), and never what it inherited: that belongs to the pytest process
+(its own folder, its own pools), as for a child multiprocessing forks.
 """
 
 from __future__ import annotations
@@ -30,8 +31,14 @@ def forget_inherited() -> None:
 
 
 def run_own() -> None:
-    """As a rank leaves: what a normal exit would run of multiprocessing's finalizers."""
+    """As a rank leaves: the removal of the temporary folders it made, of multiprocessing's
+    finalizers (not the others: a pool's waits for workers the rank has killed, for ever)."""
     util = sys.modules.get("multiprocessing.util")
-    if util is not None and getattr(util, "_finalizer_registry", None):
-        with contextlib.suppress(Exception):
-            util._run_finalizers()
+    registry = getattr(util, "_finalizer_registry", None)
+    remove = getattr(util, "_remove_temp_dir", None)
+    if not registry or remove is None:
+        return
+    for finalizer in list(registry.values()):
+        if getattr(finalizer, "_callback", None) is remove:
+            with contextlib.suppress(Exception):
+                finalizer()

@@ -223,7 +223,12 @@ def _free_threads() -> dict[str, Any]:
     """The rank's threads besides its main one and the harness's: any of them could still
     enter the collective a peer waits in, so a main thread blocked there is not stuck for sure."""
     main = threading.main_thread()
-    names = [t.name for t in threading.enumerate() if t is not main and not t.name.startswith(HARNESS_THREAD)]
+    names = [
+        t.name
+        for t in threading.enumerate()
+        # a native thread that once ran Python (gloo's, a future's callback) stays listed: no thread of the test
+        if t is not main and not t.name.startswith(HARNESS_THREAD) and not isinstance(t, threading._DummyThread)
+    ]
     return {"names": names}
 
 

@@ -150,8 +150,9 @@ class LeakHooks:
         allow: Allowlist | None = self.allow
         problem = None
         for mark in item.iter_markers(ALLOW_MARKER):
-            if mark.kwargs:  # a misspelt call must not allow everything
-                names = ", ".join(f"{k}=" for k in sorted(mark.kwargs))
+            unknown = sorted(k for k in mark.kwargs if k != "reason")
+            if unknown:  # a misspelt call must not allow everything
+                names = ", ".join(f"{k}=" for k in unknown)
                 problem = (
                     f"takes the entries as positional arguments, got {names} ('env:MASTER_PORT', 'thread:worker-*')"
                 )

@@ -371,8 +371,11 @@ class _Shim:
         self.node.add_marker(marker)
 
     def __getattr__(self, name: str) -> Any:
+        fixturename = self.__dict__.get("fixturename")
+        if name.startswith("__") or fixturename is None:  # copy, pickle, a half-built copy
+            raise AttributeError(name)
         raise AttributeError(
-            f"request.{name} is not available to fixture {self.fixturename!r}, which is set up inside the"
+            f"request.{name} is not available to fixture {fixturename!r}, which is set up inside the"
             " ranks (it depends on a fixture of the rank): there request gives node, config, path, fspath, param,"
             " function, cls, module, instance, fixturenames, keywords, addfinalizer and getfixturevalue"
         )

@@ -14,6 +14,7 @@ from collections.abc import Generator
 import pytest
 from _pytest._code.code import ReprEntryNative, ReprExceptionInfo, ReprFileLocation, ReprTraceback
 from _pytest.junitxml import xml_key
+from _pytest.mark.structures import MarkDecorator
 from _pytest.outcomes import Skipped
 from _pytest.skipping import xfailed_key
 
@@ -312,14 +313,14 @@ def relay_properties(item: pytest.Item, report: RunReport) -> None:
 def relay_markers(item: pytest.Item, report: RunReport) -> None:
     """Markers the ranks added to the test while it ran (an ``xfail`` added in the body makes
     it an expected failure, as in a plain test), each distinct one once."""
-    seen = {(m.name, repr(m.args), repr(m.kwargs)) for m in item.own_markers}
+    # each name once: every rank adds its own copy (arguments that are objects differ by rank)
+    seen = {m.name for m in item.own_markers}
     for _, result in sorted(report.results.items()):
         for blob in result.markers:
             try:
                 mark = pickle.loads(blob)
             except Exception:
                 continue
-            key = (mark.name, repr(mark.args), repr(mark.kwargs))
-            if key not in seen:
-                seen.add(key)
-                item.add_marker(getattr(pytest.mark, mark.name)(*mark.args, **mark.kwargs))
+            if mark.name not in seen:
+                seen.add(mark.name)
+                item.add_marker(MarkDecorator(mark, _ispytest=True))

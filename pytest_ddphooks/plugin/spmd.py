@@ -139,12 +139,12 @@ class SpmdHooks:
         ]
         # a rank that could not collect a file: its errors, not the lists they made differ
         errors = [f"rank {r} could not collect {e}" for r, post in enumerate(posts) for e in post["errors"]]
-        others = [e for r, post in enumerate(posts) if r != self.rank for e in post["errors"]]
         diff = first_difference([post["ids"] for post in posts])
-        if others:  # this rank's own are reported by pytest as they are, and end its session
+        going_on = bool(self.config.getoption("continueonerrors", False)) and diff is None
+        if errors and not going_on:  # every rank ends alike, none waits for another that left
             message = "under torchrun a test file failed to collect on some rank:\n  " + "\n  ".join(errors)
             pytest.exit(message, returncode=pytest.ExitCode.INTERRUPTED)
-        if diff is not None and not errors:
+        if diff is not None:
             message = f"under torchrun every rank must collect the same tests in the same order; {diff}"
             if self.rank != 0:  # rank 0 says it; the others end alike, on their quiet terminals
                 pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)

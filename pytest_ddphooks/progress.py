@@ -84,17 +84,25 @@ class RankProgress:
             return
         state.worlds.append(world_of(info))
         state.placed = int(info["rank"])
+        apart = self.apart()
         self._lanes = lanes_by_place(
-            {lane: st.placed for lane, st in self._ranks.items() if st.placed is not None and not self.apart(lane)}
+            {lane: st.placed for lane, st in self._ranks.items() if st.placed is not None and lane not in apart}
         )
 
-    def apart(self, rank: int) -> bool:
-        """The rank's latest group is a world apart from the other ranks' (``separate_worlds``):
-        none of its calls is compared with, or waits for, another rank's."""
-        k = len(self._of(rank).worlds) - 1
-        if k < 0:
-            return False
-        return rank in separate_worlds({r: st.worlds[k] for r, st in self._ranks.items() if len(st.worlds) > k})
+    def apart(self) -> set[int]:
+        """The ranks whose latest group is a world apart from the other ranks' (``separate_worlds``):
+        none of their calls is compared with, or waits for, another rank's."""
+        judged: dict[int, set[int]] = {}  # round -> the ranks apart in it
+        out = set()
+        for rank, state in self._ranks.items():
+            k = len(state.worlds) - 1
+            if k < 0:
+                continue
+            if k not in judged:
+                judged[k] = separate_worlds({r: st.worlds[k] for r, st in self._ranks.items() if len(st.worlds) > k})
+            if rank in judged[k]:
+                out.add(rank)
+        return out
 
     def _of(self, rank: int) -> _Rank:
         state = self._ranks.get(rank)
@@ -231,7 +239,7 @@ class RankProgress:
         counts with the call it made there: gloo may let one side of a mismatched collective
         return, never the other."""
         at: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
-        apart = {rank for rank in self._ranks if self.apart(rank)}
+        apart = self.apart()
         for rank, state in self._ranks.items():
             if rank in apart:
                 continue
@@ -261,8 +269,9 @@ class RankProgress:
         The cycle, in rank order, with those ranks' event counts (to tell a stuck state from
         progress); else None."""
         blocked: dict[int, dict[str, Any]] = {}
+        apart = self.apart()
         for rank in sorted(live):
-            if self.apart(rank):
+            if rank in apart:
                 continue  # whom it waits for is not known
             state = self._of(rank)
             calls = list(state.inside.items())
@@ -308,8 +317,9 @@ class RankProgress:
         killed: rank -> (what it waits in, those ranks)."""
         out: dict[int, tuple[str, list[int]]] = {}
         now = time.time_ns()
+        apart = self.apart()
         for rank in sorted(live):
-            if self.apart(rank):
+            if rank in apart:
                 continue  # whom it waits for is not known
             state = self._of(rank)
             if state.fired and int(state.fired[-1].get("until_ns") or 0) > now:

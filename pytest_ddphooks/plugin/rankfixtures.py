@@ -59,12 +59,9 @@ class FixtureNotFound(pytest.FixtureLookupError):  # type: ignore[misc]  # final
     raises for it in a plain test (the optional-fixture idiom catches it), in pytest's words."""
 
     def __init__(self, name: str) -> None:
-        Exception.__init__(self, f"fixture {name!r} not found")
-        self.argname, self.request, self.fixturestack = name, None, []  # type: ignore[assignment]
         self.msg = f"fixture {name!r} not found"
-
-    def __str__(self) -> str:
-        return str(self.msg)
+        Exception.__init__(self, self.msg)
+        self.argname, self.request, self.fixturestack = name, None, []  # type: ignore[assignment]
 
     def formatrepr(self) -> Any:
         return _Words(str(self.msg))

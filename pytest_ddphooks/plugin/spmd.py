@@ -14,6 +14,7 @@ import json
 import marshal
 import os
 import pickle
+import re
 import signal
 import socket
 import tempfile
@@ -129,7 +130,7 @@ class SpmdHooks:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             lines = str(report.longrepr).strip().splitlines() or [""]
-            last = lines[-1].strip().removeprefix("E").strip()  # the error, without pytest's "E" margin
+            last = re.sub(r"^E\s+", "", lines[-1].strip())  # the error, without pytest's "E" margin
             self._collect_errors.append(f"{report.nodeid or report.fspath}: {last}")
 
     def select(self, items: list[pytest.Item]) -> None:

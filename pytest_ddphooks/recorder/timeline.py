@@ -718,16 +718,12 @@ class Timeline:
         meanwhile is chance, not a wait."""
         assert barrier.end is not None
         begun, returned = barrier.start.index, barrier.end.index
-        running = set(barrier.start.info.get("running", ()))
         calls = self._completed_calls.get(barrier.rank, [])
-        first = self._first_of_lane
         out = []
         for entered, lane, done, order in calls[bisect_right(calls, (begun, 1 << 62, 0, 0)) :]:
             if entered >= returned:
                 break
-            if lane == barrier.start.lane or done >= returned or first[(barrier.rank, lane)] < begun:
-                continue
-            if self._idents.get((barrier.rank, lane)) not in running:
+            if done < returned and self._started_by(barrier, lane):
                 out.append(self._entered_instances[order])
         return out
 
@@ -736,19 +732,24 @@ class Timeline:
         that had not completed by the time it returned."""
         assert barrier.end is not None
         begun, returned = barrier.start.index, barrier.end.index
-        running = set(barrier.start.info.get("running", ()))
-        first = self._first_of_lane
         for inst in self._entered_instances:
             start = inst.starts.get(barrier.rank)
-            if start is None or not begun < start.index < returned or start.lane == barrier.start.lane:
-                continue
-            lane = (barrier.rank, start.lane)
-            if first[lane] < begun or self._idents.get(lane) in running:
+            if start is None or not begun < start.index < returned or not self._started_by(barrier, start.lane):
                 continue
             done = inst.completion(barrier.rank)
             if done is None or done.index >= returned:
                 return True
         return False
+
+    def _started_by(self, barrier: Span, lane: int) -> bool:
+        """``lane`` of the barrier's rank is a thread the barrier started: not its own, with no
+        event before it began, and not among the threads running as it began."""
+        key = (barrier.rank, lane)
+        return (
+            lane != barrier.start.lane
+            and self._first_of_lane[key] >= barrier.start.index
+            and self._idents.get(key) not in barrier.start.info.get("running", ())
+        )
 
     @cached_property
     def _first_of_lane(self) -> dict[tuple[int, int], int]:

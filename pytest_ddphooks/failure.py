@@ -75,7 +75,8 @@ class RankState:
     exit: RankExit | None = None
     last: str = ""  # its last recorded event, for a rank that cannot show its stack
     injected: str = ""  # "killed by the injected fault kill(at=...) at event #14"
-    in_teardown: bool = False  # its body passed: it was tearing its fixtures down
+    in_teardown: bool = False  # its body passed (or its test failed: ``test_failed``): it was tearing its fixtures down
+    test_failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,16 @@ class RankFailure:
     after: int | None = None
     fatal: tuple[str, ...] = ()  # a "Fatal Python error" with the test's frames
     stderr_tail: tuple[str, ...] = ()
-    in_teardown: bool = False  # it died after its body passed: in a fixture's teardown
+    # it died (or was stopped) in a fixture's teardown: after its body passed, or after its test
+    # had failed (``failed_first``)
+    in_teardown: bool = False
+
+    @property
+    def failed_first(self) -> bool:
+        """It died in its fixtures' teardown after its test had failed: ``result`` says how."""
+        r = self.result
+        failed = r is not None and r.outcome == "failed" and r.phase != "teardown"
+        return self.how == "died" and self.in_teardown and failed
 
 
 @dataclass
@@ -492,6 +502,8 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     mismatches = timeline.collective_mismatches() if timeline is not None else []
     failed = [r for r, res in sorted(report.results.items()) if res.outcome == "failed"]
     died = [r for r in range(n) if report.died(r)]
+    # ranks whose test failed, then died or were stopped in their fixtures' teardown
+    failed_first = report.failed_before_teardown
     primary = [r for r in failed if not _consequence(report, r, report.results[r])]
     if mismatches and not failed and not died and not report.stuck and _expected(report):
         mismatches = []  # the test provoked them and looked at them itself (gloo ran them): it passes
@@ -502,15 +514,15 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
             err = report.outputs.get(r, ("", ""))[1]
             fatal = tuple(fatal_error(err))
             tail = () if fatal else _tail(err)
-            failures.append(
-                RankFailure(
-                    r, "died", report.results.get(r), ex, fatal=fatal, stderr_tail=tail, in_teardown=r in body_passed
-                )
-            )
+            result = report.results.get(r) or failed_first.get(r)
+            torn = r in body_passed or r in failed_first
+            failures.append(RankFailure(r, "died", result, ex, fatal=fatal, stderr_tail=tail, in_teardown=torn))
         elif r in failed:
             how = "failed" if r in primary else "consequence"
             after = None if how == "failed" else _gone_peer(report, r)
             failures.append(RankFailure(r, how, report.results[r], report.exits.get(r), after))
+        elif r in failed_first:  # stopped in its teardown: its test had failed before
+            failures.append(RankFailure(r, "failed", failed_first[r], report.exits.get(r), in_teardown=True))
     unfired = _unfired(report)
     if mismatches:
         cause = DESYNC
@@ -533,7 +545,9 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
         states = {r: rank_state(report, r) for r in sorted(report.stopped)}
         culprits = sorted(set(primary) | set(died)) or failed
     states = {
-        r: dataclasses.replace(st, in_teardown=True) if st.state in _STUCK and r in body_passed else st
+        r: dataclasses.replace(st, in_teardown=True, test_failed=r in failed_first)
+        if st.state in _STUCK and (r in body_passed or r in failed_first)
+        else st
         for r, st in states.items()
     }
     phase = _phase(report, cause, failures, setup_done)
@@ -717,7 +731,7 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
         return [f"rank {s.rank}: died ({_exit_words(s.exit)})"]
     where = f", in {s.hooks}" if s.hooks else ""
     if s.in_teardown:
-        where += ", in a fixture's teardown after its body passed"
+        where += ", in a fixture's teardown after its " + ("test failed (below)" if s.test_failed else "body passed")
     head = f"rank {s.rank}: " if stuck else f"rank {s.rank}: {s.reason}; it was "
     lines = []
     if s.state == "frozen":
@@ -857,6 +871,8 @@ def _died_lines(rf: RankFailure) -> list[str]:
     when = ""
     if rf.result is None:
         when = " in a fixture's teardown, after its body passed" if rf.in_teardown else " before it could report"
+    elif rf.failed_first:
+        when = " in a fixture's teardown, after its test had failed (below)"
     lines = [f"rank {rf.rank} died: {_exit_words(rf.exit)}{when}"]
     if getattr(rf.exit, "signal", None) == signal.SIGSEGV and os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL":
         lines.append(f"  {_DETAIL_CRASH}")
@@ -874,7 +890,11 @@ def _summary(f: RunFailure) -> list[str]:
     by_rank = {rf.rank: rf for rf in f.failures}
     for r in range(f.world_size):
         rf = by_rank.get(r)
-        if rf is not None and rf.how == "died":
+        if rf is not None and rf.failed_first:
+            assert rf.result is not None
+            lines.append(f"  rank {r}: failed: {_first(rf.result.message)}")
+            lines.append(f"    then died in fixture teardown ({_exit_words(rf.exit)})")
+        elif rf is not None and rf.how == "died":
             where = " in fixture teardown" if rf.in_teardown and rf.result is None else ""
             lines.append(f"  rank {r}: died{where} ({_exit_words(rf.exit)})")
         elif rf is not None and rf.how == "consequence":
@@ -908,6 +928,10 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
                 return f"{head}; {describe_state(st, stuck=True)[0]}", None
         return head, None
     dead = [rf for rf in f.failures if rf.how == "died"]
+    first_result = dead[0].result if dead and dead[0].failed_first else None
+    if first_result is not None:
+        then = f"then it died in fixture teardown: {_exit_words(dead[0].exit)}"
+        return f"rank {dead[0].rank}: {first_result.message} ({then})", None
     if dead:
         message = f"rank {dead[0].rank} died ({_exit_words(dead[0].exit)})"
         # a rank that failed on its own beside it is a cause too
@@ -964,7 +988,7 @@ def render(f: RunFailure) -> Rendered:
         if rf.how == "died":
             lines.append("")
             lines.extend(_died_lines(rf))
-    failing = [rf for rf in f.failures if rf.how == "failed"]
+    failing = [rf for rf in f.failures if rf.how == "failed" or rf.failed_first]
     shown = failing or [rf for rf in f.failures if rf.how == "consequence"]
     # which of ranks that failed on their own was first is only worth saying where others
     # failed because of it

@@ -16,6 +16,10 @@ from .stacks import Stacks
 PHASES = ("setup", "call", "teardown")
 
 
+# the file of a run's rank where it tells how its test failed before the fixtures' teardown ran
+FAILED_BEFORE_TEARDOWN = "failed"
+
+
 @dataclass
 class RankResult:
     """How the test went on one rank."""
@@ -109,6 +113,9 @@ class RunReport:
     limit: float  # the run's time limit, in seconds
     held_allowance: float = 0.0  # seconds added to it for a schedule's holds
     results: dict[int, RankResult] = field(default_factory=dict)
+    # rank -> how its test failed, of a rank that then died or was stopped in its fixtures'
+    # teardown (written before the teardown ran; its result never came)
+    failed_before_teardown: dict[int, RankResult] = field(default_factory=dict)
     exits: dict[int, RankExit] = field(default_factory=dict)
     stopped: dict[int, str] = field(default_factory=dict)  # rank -> why the harness stopped it
     timed_out: bool = False

@@ -125,6 +125,46 @@ def test_a_body_that_fails_is_still_failed_and_fixtures_that_work_stay_quiet(inn
     ran.no_lines("*fixture setup*")
 
 
+def test_a_skipped_or_xfailed_rank_whose_teardown_fails_reports_the_error(inner) -> None:
+    # as pytest does for a plain test: skipped (or xfailed), and an error at teardown
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture
+        def closes_badly(rank):
+            yield
+            if rank == 1:
+                raise RuntimeError("could not close on rank 1")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_skipped(rank, closes_badly):
+            pytest.skip("not on this machine")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_xfailed(rank, closes_badly):
+            pytest.xfail("known")
+
+        @pytest.fixture
+        def closes_well(rank):
+            yield
+
+        @pytest.mark.multirank(world_size=2)
+        def test_skipped_cleanly(rank, closes_well):
+            pytest.skip("not on this machine")
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(skipped=2, xfailed=1, errors=2)
+    ran.lines(
+        "*ERROR at teardown of test_skipped*",
+        "*rank 1: failed in fixture teardown: RuntimeError: could not close on rank 1*",
+    )
+    ran.lines("ERROR test_inner.py::test_skipped - rank 1: RuntimeError*")
+    ran.lines("ERROR test_inner.py::test_xfailed - rank 1: RuntimeError*")
+    ran.no_lines("ERROR test_inner.py::test_skipped_cleanly*")
+
+
 def test_a_rank_that_dies_in_a_fixture_teardown_is_an_error_in_teardown(inner) -> None:
     ran = inner(
         """
@@ -159,6 +199,97 @@ def test_a_rank_that_dies_in_a_fixture_teardown_is_an_error_in_teardown(inner) -
     )
     # a rank that dies in its body is FAILED, as before
     ran.lines("*_ test_body_dies _*", "multirank test failed on rank 0 of 2", "  rank 0: died (exit code 4)")
+
+
+def test_a_rank_whose_test_failed_then_died_or_hung_in_teardown_still_shows_the_failure(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def dies(rank):
+            yield
+            if rank == 1:
+                os._exit(3)
+
+        @pytest.fixture
+        def stuck(rank):
+            yield
+            if rank == 1:
+                dist.barrier()  # rank 0 has finished: nobody comes
+
+        @pytest.fixture
+        def sleeps(rank):
+            yield
+            if rank == 1:
+                time.sleep(60)
+
+        @pytest.fixture
+        def fine(rank):
+            yield
+
+        @pytest.mark.multirank(world_size=2)
+        def test_then_dies(rank, dies):
+            assert rank == 0, "failed in the body first"
+
+        @pytest.mark.multirank(world_size=2)
+        def test_then_stalls(rank, stuck):
+            assert rank == 0, "failed in the body first"
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_then_hangs(rank, sleeps):
+            assert rank == 0, "failed in the body first"
+
+        @pytest.mark.multirank(world_size=2)
+        def test_plain(rank, fine):
+            assert rank == 0, "failed in the body first"
+        """
+    )
+    ran.result.assert_outcomes(failed=4)
+    ran.lines(
+        "*_ test_then_dies _*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: passed",
+        "  rank 1: failed: AssertionError: failed in the body first",
+        "    then died in fixture teardown (exit code 3)",
+        "",
+        "rank 1 died: exit code 3 in a fixture's teardown, after its test had failed (below)",
+        "",
+        "*- rank 1 -*",
+        "*",
+        '>       assert rank == 0, "failed in the body first"',
+    )
+    ran.lines(
+        "*_ test_then_stalls _*",
+        "hang: the ranks were stopped after * s, not at the * s limit: they wait for ranks that finished the test",
+        "*",
+        "  rank 0: finished the test body (passed), then waited for the other ranks",
+        "  rank 1: blocked in barrier #1 on the default group for * s,"
+        " in a fixture's teardown after its test failed (below)",
+        "*",
+        "*",
+        "*- rank 1 -*",
+        "*",
+        '>       assert rank == 0, "failed in the body first"',
+    )
+    ran.lines(
+        "*_ test_then_hangs _*",
+        "hang: the test did not finish within 3 s (2 ranks)",
+        "  rank 0: finished the test body (passed), then waited for the other ranks",
+        "  rank 1: still running, in a fixture's teardown after its test failed (below)",
+        "    stuck at test_inner.py:22 in sleeps: time.sleep(60)",
+        "",
+        "*- rank 1 -*",
+    )
+    ran.lines(
+        "FAILED test_inner.py::test_then_dies - rank 1: AssertionError: failed in the *",
+    )
+    # a test that failed and tore down well says nothing of its teardown
+    plain = ran.text.split("_ test_plain _")[1].split("short test summary")[0]
+    assert "teardown" not in plain and "died" not in plain, plain
 
 
 def test_a_rank_tells_its_code_which_phase_runs_as_pytest_does(inner) -> None:

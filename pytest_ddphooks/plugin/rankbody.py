@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bdb
 import contextlib
+import dataclasses
 import functools
 import io
 import os
@@ -39,7 +40,7 @@ from ..launch import livelog
 from ..launch.job import Job
 from ..launch.output import capture_bypassed, positions
 from ..launch.rank import RankContext
-from ..report import RankResult
+from ..report import FAILED_BEFORE_TEARDOWN, RankResult
 from .livelog import LIVE_LOG, shipping_logs
 from .rankfixtures import RankFixtures, remember_classes, restore_test_state
 
@@ -240,6 +241,7 @@ def _run_body(
         builtins["node_tmp_path"] = Path(node_dir)
     fixtures: RankFixtures | None = None
     error: BaseException | None = None
+    failed_before_teardown: RankResult | None = None
     phase = "setup"
     marks: list[tuple[str, int, int]] = []  # where the body's and the teardown's output begin
 
@@ -289,6 +291,7 @@ def _run_body(
             if _wants_post_mortem(ctx, exc):  # --pdb opens on a fixture's error too, as pytest's does
                 assert ctx.debugger is not None
                 ctx.debugger.post_mortem(exc)
+            failed_before_teardown = _told_before_teardown(item, ctx, exc, phase, started, payload.markup)
         # as pytest ends a call: what capsys/capfd captured and nobody read is the call's output
         capman = item.config.pluginmanager.getplugin("capturemanager")
         with contextlib.suppress(Exception):
@@ -303,11 +306,28 @@ def _run_body(
     if error is None and teardown_errors:
         error, phase = teardown_errors[0], "teardown"
         teardown_errors = []
-    result = outcome_of(item, ctx.rank, error, phase, elapsed, payload.markup)
-    if teardown_errors and result.outcome == "failed":  # as pytest: the test fails, its teardown errs
+    if failed_before_teardown is not None:
+        result = dataclasses.replace(failed_before_teardown, duration=elapsed)
+    else:
+        result = outcome_of(item, ctx.rank, error, phase, elapsed, payload.markup)
+    if teardown_errors:  # as pytest: the test failed or was skipped, its teardown errs
         result.teardown_error = outcome_of(item, ctx.rank, teardown_errors[0], "teardown", elapsed, payload.markup)
     result.output_marks = marks
     result.ended_ns = time.time_ns()
+    return result
+
+
+def _told_before_teardown(
+    item: pytest.Function, ctx: RankContext, exc: BaseException, phase: str, started: float, markup: bool
+) -> RankResult | None:
+    """A failure of the body (or of a fixture's setup), written where the pytest process finds
+    it before the fixtures' teardown runs: a rank that then dies or hangs there still tells how
+    its test failed. The result, or None for an outcome that is no failure (a skip)."""
+    result = outcome_of(item, ctx.rank, exc, phase, time.monotonic() - started, markup)
+    if result.outcome != "failed":
+        return None
+    with contextlib.suppress(OSError):
+        result.write(ctx.job.path(ctx.rank, FAILED_BEFORE_TEARDOWN))
     return result
 
 

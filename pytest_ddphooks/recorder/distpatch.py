@@ -875,10 +875,8 @@ def _wrap_method(method: str, op: str, describe: _Describe, original: Callable[.
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if _compiling():
-            return original(self, *args, **kwargs)
         rec = active._current
-        if rec is None or _tls.depth:
+        if rec is None or _tls.depth or _compiling():
             return original(self, *args, **kwargs)
         call = describe_safely(op, build, rec, self, args, kwargs)
         return run_recorded(rec, events.COLLECTIVE, name, call, original, (self, *args), kwargs)
@@ -905,10 +903,8 @@ def _wrap_p2p_method(
 
     def wrapper(self: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if _compiling():
-            return original(self, tensors, *args, **kwargs)
         rec = active._current
-        if rec is None or _tls.depth:
+        if rec is None or _tls.depth or _compiling():
             return original(self, tensors, *args, **kwargs)
         try:
             pg = group_of(self, tensors)
@@ -941,10 +937,8 @@ def _wrap_wait(
 
     def wait(awaited: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if _compiling():
-            return original(awaited, *args, **kwargs)
         rec = active._current
-        if rec is None:
+        if rec is None or not rec.awaits_any() or _compiling():
             return original(awaited, *args, **kwargs)
         # also inside another recorded call: torch waits for a functional collective's result
         # where a call uses it first (``dist.broadcast(r)``), and only recorded calls are awaited
@@ -1235,10 +1229,8 @@ def _recording(
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if _compiling():
-            return original(*args, **kwargs)
         rec = active._current
-        if rec is None or _tls.depth:
+        if rec is None or _tls.depth or _compiling():
             return original(*args, **kwargs)
         call = describe_safely(op, build, rec, args, kwargs)
         return run_recorded(rec, kind, name, call, original, args, kwargs, after)

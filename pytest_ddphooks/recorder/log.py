@@ -406,7 +406,7 @@ class EventLog:
         (an unseen send or receive does: the flight recorder's silence on it tells, ``judge_gaps``). A
         call another thread is running on the group may or may not have counted yet: a
         collective that starts meanwhile has no number anyone can be sure of."""
-        state = self._counter_of(group)
+        state = self._counters.get(group) or self._counter_of(group)
         state.calls += 1
         unsure = state.untrusted
         if unsure is None and state.open > 1:  # this call is open already (``opened``)
@@ -544,7 +544,7 @@ class EventLog:
     def opened(self, group: str) -> None:
         """A recorded call on ``group`` is about to read the group's counter and run
         (``counted`` ends it)."""
-        state = self._counter_of(group)
+        state = self._counters.get(group) or self._counter_of(group)
         if state.open:
             state.overlapped = True
         state.open += 1
@@ -596,7 +596,7 @@ class EventLog:
         counter by one), when known."""
         if not group:
             return
-        state = self._counter_of(group)
+        state = self._counters.get(group) or self._counter_of(group)
         overlapped = state.overlapped
         state.open = max(state.open - 1, 0)
         if not state.open:
@@ -647,6 +647,11 @@ class EventLog:
         """An asynchronous call returned ``work``: its wait is where it completes. ``static``:
         the never-changing part of ``info``, if it has one."""
         self._pending[id(work)] = (work, call_id, name, info, static)
+
+    def awaits_any(self) -> bool:
+        """Whether any recorded asynchronous call is still to be waited for (a synchronous
+        collective's own wait, inside torch, completes none)."""
+        return bool(self._pending or self._handed)
 
     def awaited_by(self, work: Any) -> list[Pending]:
         """The calls a wait for ``work`` (a Work, or a future calls were handed to) completes

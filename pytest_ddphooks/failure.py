@@ -77,6 +77,7 @@ class RankState:
     injected: str = ""  # "killed by the injected fault kill(at=...) at event #14"
     in_teardown: bool = False  # its body passed (or its test failed: ``test_failed``): it was tearing its fixtures down
     test_failed: bool = False
+    stopped_entering: bool = False  # frozen by an injected stop as it entered ``blocked``, before torch ran it
 
 
 @dataclass(frozen=True)
@@ -323,6 +324,14 @@ def rank_state(report: RunReport, rank: int) -> RankState:
     if state == "frozen" and timeline is not None:
         seen = timeline.events_of(rank)
         last = seen[-1].describe() if seen else "nothing recorded"
+    fault = report.taking_fault(rank) if state == "frozen" else None
+    # an injected stop at a collective acts as the rank enters it, before torch is called
+    entering = (
+        fault is not None
+        and span is not None
+        and fault.get("phase") == events.START
+        and fault.get("call_id") == span.start.call_id
+    )
     return RankState(
         rank,
         state,
@@ -334,6 +343,7 @@ def rank_state(report: RunReport, rank: int) -> RankState:
         thread_frame=thread_frame,
         last=last,
         injected=injected,
+        stopped_entering=entering,
     )
 
 
@@ -740,7 +750,10 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
             b = s.blocked
             place = f"{b.op} #{b.seq} on {b.group}" if b.seq is not None else b.op
             # frozen, it waits for nothing: how long it has been inside says nothing about its peers
-            lines.append(f"  it was stopped inside {'the wait of ' if b.in_wait else ''}{place}")
+            if s.stopped_entering:
+                lines.append(f"  it was stopped as it entered {place}, not yet inside it")
+            else:
+                lines.append(f"  it was stopped inside {'the wait of ' if b.in_wait else ''}{place}")
         if s.last:
             lines.append(f"  its last recorded event: {s.last}")
     elif s.state == "delayed":

@@ -60,9 +60,11 @@ def parse_point(at: Any) -> Point:
         raise FaultError(f"at={at!r}: give a recorded point, e.g. 'dist.all_reduce#2', 'start:setup', 'mark:saved'")
     text = at.strip()
     body, sep, count = text.rpartition("#")
-    if not sep:
-        body, count = text, "1"
-    if not (count.isascii() and count.isdigit()) or int(count) < 1:
+    counted = count.isascii() and count.isdigit()
+    if not sep or (not counted and not text.startswith("dist.")):
+        # the last '#' followed by digits is the count: any other is part of a name ('mark:phase#warmup')
+        body, count, counted = text, "1", True
+    if not counted or int(count) < 1:
         raise FaultError(f"at={at!r}: the count after '#' must be a number >= 1")
     n = int(count)
     if body.startswith("dist."):
@@ -99,6 +101,8 @@ class Fault:
             extra = f", signal={signals.Signals(self.signal).name!r}"
         elif self.action == DELAY:
             extra = f", seconds={self.seconds:g}"
+        if self.attempt:  # the attempt it acts in: what it says of the rank is of that attempt
+            extra += f", attempt={self.attempt}"
         name = "raise_" if self.action == RAISE else self.action
         return f"{name}(at={self.at.text!r}{extra})"
 

@@ -235,6 +235,7 @@ class ScheduleHook:
         self._main = threading.main_thread()
         self.segment = 0
         self.point = 0
+        self._seen: dict[tuple[str, str, str], int] = {}  # how often the rank reached each point, as ``at=`` counts
 
     def begin(self) -> None:
         self._hold(RANK_START)
@@ -246,8 +247,10 @@ class ScheduleHook:
             self.segment, self.point = self.segment + 1, 0
         else:
             self.point += 1
+        key = (kind, phase, name)
+        n = self._seen[key] = self._seen.get(key, 0) + 1
         if (self.segment, self.point) in self._at:  # named only where it holds: this runs per event
-            self._hold(f"{phase}:{name}" if phase != events.POINT else f"{kind}:{name}")
+            self._hold(f"{phase}:{name}#{n}" if phase != events.POINT else f"{kind}:{name}#{n}")
 
     def _hold(self, where: str) -> None:
         seconds = self._at.pop((self.segment, self.point), None)

@@ -133,6 +133,32 @@ def test_breakpoint_in_a_rank_lends_it_the_terminal_and_continuing_goes_on(pytes
     assert "1 passed" in proc.text
 
 
+FIXTURE_BREAKS = """
+import pytest
+
+@pytest.fixture
+def shard(rank):
+    name = f"shard-{rank}"
+    if rank == 1:
+        breakpoint()  # in the fixture's setup, inside the rank
+    yield name
+
+@pytest.mark.multirank(world_size=2, timeout=60)
+def test_uses_shard(shard, rank):
+    assert shard == f"shard-{rank}"
+"""
+
+
+def test_breakpoint_in_a_rank_fixtures_setup_lends_it_the_terminal(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_fixture_break=FIXTURE_BREAKS)
+    proc = PtyProcess(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "test_fixture_break.py"], str(pytester.path)
+    )
+    _look_and_continue(proc, "rank 1: breakpoint", "p name", "shard-1")
+    assert proc.wait() == 0, proc.text
+    assert "1 passed" in proc.text
+
+
 def _look_and_continue(proc: PtyProcess, banner: str, expression: str, shows: str) -> None:
     """At the breakpoint ``banner`` announces: ``expression`` shows ``shows``; then continue."""
     proc.expect(banner)
@@ -286,10 +312,13 @@ def test_breakpoint_in_a_special_test_lends_it_the_sessions_terminal(pytester: p
     assert "2 passed" in proc.text
 
 
-def test_a_breakpoint_in_a_special_test_without_a_terminal_is_passed_over(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_special_break=SPECIAL_BREAKS)
+@pytest.mark.parametrize("where", ["special test", "rank fixture"])
+def test_a_breakpoint_without_a_terminal_to_lend_is_passed_over(pytester: pytest.Pytester, where: str) -> None:
+    source, tests = (SPECIAL_BREAKS, 2) if where == "special test" else (FIXTURE_BREAKS, 1)
+    pytester.makepyfile(test_breaks=source)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1")
-    result.assert_outcomes(passed=2)  # an xdist worker has no terminal to lend
+    result.assert_outcomes(passed=tests)  # an xdist worker has no terminal to lend
+    assert "the debugger was quit" not in result.stdout.str()
 
 
 def test_trace_stops_each_rank_at_the_tests_first_line_and_the_test_still_runs(pytester: pytest.Pytester) -> None:

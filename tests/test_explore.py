@@ -115,6 +115,53 @@ def test_a_correct_test_passes_every_schedule_from_its_own_start(inner) -> None:
     ran.no_lines("*desync*")
 
 
+def test_a_replay_whose_plain_run_fails_says_its_schedule_never_ran(inner) -> None:
+    ran = inner(
+        """
+import pytest
+
+@pytest.mark.multirank(world_size=2, timeout=20, schedule=7)
+def test_fails_plainly(rank):
+    assert rank == 0
+"""
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "failed in the plain run; schedule 0x00000007 was not replayed (a replay runs the test plainly first,"
+        " and replays the schedule only after a pass)",
+        "multirank test failed on rank 1 of 2",
+    )
+    ran.lines("FAILED test_inner.py::test_fails_plainly - failed in the plain run: *")
+
+
+def test_a_test_that_removes_its_own_folders_is_explored_from_them_as_they_were(inner) -> None:
+    ran = inner(
+        """
+import shutil
+import pytest
+import torch.distributed as dist
+
+@pytest.mark.multirank(world_size=2, timeout=30, explore=3)
+def test_cleans_up(rank, tmp_path, node_tmp_path):
+    assert not (tmp_path / "out").exists() and not (node_tmp_path / "out").exists()
+    dist.barrier()
+    if rank == 0:
+        (tmp_path / "out").write_text("x")
+        (node_tmp_path / "out").write_text("x")
+        shutil.rmtree(tmp_path)  # a trainer cleaning up its output folders
+        shutil.rmtree(node_tmp_path)
+    dist.barrier()
+
+@pytest.mark.multirank(world_size=2, timeout=30)
+def test_next(rank):
+    dist.barrier()
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=2)
+    ran.lines("passed under all 3 schedules explored (seeds 0x*")
+
+
 def test_the_time_a_schedule_holds_the_ranks_is_not_the_tests_own(inner) -> None:
     """A correct test well within its limit, whose schedules' holds alone would pass it: no
     schedule fails it as a hang (each run's limit grows by what its holds may take)."""

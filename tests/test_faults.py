@@ -90,7 +90,10 @@ def test_armed_between_its_calls(rank, faults, recorder):
         "*FaultError: raise_(rank=1, at='mark:step#2'): rank 1 was past that point when the fault was armed"
         " (it had reached it 2 times; '#n' counts from the rank's start): arm it earlier, or name a later call"
     )
-    ran.lines("injected fault kill(rank=0, at='mark:x') never fired: attempt 1 never ran (the test ended in attempt 0)")
+    ran.lines(
+        "injected fault kill(rank=0, at='mark:x', attempt=1) never fired: attempt 1 never ran"
+        " (the test ended in attempt 0)"
+    )
     ran.lines("injected fault kill(rank=1, at='dist.all_reduce#2') never fired: rank 1 made 1 all_reduce call")
     ran.lines(
         "injected fault delay(rank=0, at='mark:checkpoint', seconds=0.1) never fired:"
@@ -155,7 +158,9 @@ def test_peer_frozen_in_barrier(rank, faults):
         "  rank 0: blocked in barrier #1 on the default group for *",
         "*",
         "  rank 1: stopped (SIGSTOP): stopped by the injected fault stop(at='dist.barrier#1') at event #*",
+        "    it was stopped as it entered barrier #1 on the default group, not yet inside it",
     )
+    ran.no_lines("*stopped inside*")
     ran.lines("rank 0 stack, MainThread (most recent call last):")
 
 
@@ -298,6 +303,37 @@ def test_no_death_no_restart(rank, restart_count):
     )
 
 
+def test_before_a_restart_the_surviving_ranks_get_two_seconds_to_end_on_their_own(inner) -> None:
+    ran = inner(
+        PRELUDE
+        + """
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=60)
+def test_survivor_ends(rank, faults, recorder, restart_count):
+    faults.kill(rank=1, at="mark:die")
+    recorder.mark("die")
+    if rank == 0 and restart_count == 0:
+        time.sleep(1.4)  # more than a failure's grace, within a restart's
+
+@pytest.mark.multirank(world_size=2, restarts=1, timeout=60)
+def test_survivor_busy(rank, restart_count):
+    if restart_count == 0:
+        if rank == 1:
+            os._exit(3)
+        time.sleep(30)
+""",
+        "-rA",
+    )
+    ran.result.assert_outcomes(passed=2)
+    ran.lines(
+        "attempt 0: rank 0 passed; rank 1 killed by the injected fault kill(at='mark:die') at event #*",
+        "attempt 1: rank 0 passed; rank 1 passed",
+    )
+    ran.lines(
+        "attempt 0: rank 0 stopped after rank 1 died (exit code 3); rank 1 died (exit code 3)",
+        "attempt 1: rank 0 passed; rank 1 passed",
+    )
+
+
 def test_a_test_whose_last_attempt_fails_reports_every_attempt(inner) -> None:
     ran = inner(
         PRELUDE
@@ -324,7 +360,7 @@ def test_copes(rank, faults):
     ran.lines("attempt 1: rank 0 failed; rank 1 killed by the injected fault *", "*rank 0: failed: AssertionError: *")
     ran.lines(
         "attempt 0: rank 0 * after rank 1* rank 1 killed by the injected fault *",
-        "attempt 1: *rank 1 killed by the injected fault kill(at='dist.all_reduce#1') at event #*",
+        "attempt 1: *rank 1 killed by the injected fault kill(at='dist.all_reduce#1', attempt=1) at event #*",
         "no restart left: restarts=1 were all used",
     )
     # the last attempt's line and the verdict tell the same story of rank 0

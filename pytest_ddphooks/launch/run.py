@@ -149,12 +149,11 @@ class RunWatch:
     def _follow_until(self, done: object) -> None:
         while not self.over and not done():  # type: ignore[operator]
             wake = self._deadline
-            if self._stop_at is not None:
+            if self._stop_at is not None:  # a death's: it decides when the others stop
                 wake = min(wake, self._stop_at)
-            if self._failed_at is not None:
-                if not self._debugged_rank_runs():
-                    wake = min(wake, self._failed_at + self.grace)
-            else:
+            elif self._failed_at is not None and not self._debugged_rank_runs():
+                wake = min(wake, self._failed_at + self.grace)
+            if self._failed_at is None:
                 wake = min(wake, self._next_poll, self._stall_look_at or wake)
             event = self.launcher.next_event(self.job.test_id, max(wake - time.monotonic(), 0.0))
             if event is None:
@@ -172,7 +171,7 @@ class RunWatch:
             self.report.timed_out = True
             self._stop(f"timed out after {self.job.timeout:g} s")
         elif self._failed_at is not None:
-            if now >= self._failed_at + self.grace and not self._debugged_rank_runs():
+            if self._stop_at is None and now >= self._failed_at + self.grace and not self._debugged_rank_runs():
                 self._stop(f"stopped after rank {self.report.first_failure} failed")
         elif now >= self._next_poll:
             self._next_poll = now + self.poll

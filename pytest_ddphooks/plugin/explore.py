@@ -67,6 +67,13 @@ class Exploration:
             return f"failed under schedule {text} (--ddp-schedule={text}){self._instead()}"
         return f"failed under schedule {index} of {len(self.seeds)} (seed {text}); replay with --ddp-schedule={text}"
 
+    def not_replayed(self) -> str:
+        """The first line of a replay whose plain run failed: its schedule never ran."""
+        return (
+            f"failed in the plain run; schedule {format_seed(self.seeds[0])} was not replayed"
+            " (a replay runs the test plainly first, and replays the schedule only after a pass)"
+        )
+
     def _instead(self) -> str:
         if not self.instead_of:
             return ""
@@ -107,8 +114,16 @@ def _live_paths(folder: str) -> set[str]:
 
 
 def _clear(folder: str, live: set[str]) -> None:
-    """Remove what ``folder`` holds, but the live ends kept in place (and their folders)."""
-    for name in os.listdir(folder):
+    """Remove what ``folder`` holds, but the live ends kept in place (and their folders). A
+    folder the run removed (a trainer cleaning its output) is made again by the copy."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:  # the run put a file in its place
+        os.unlink(folder)
+        return
+    for name in names:
         path = os.path.join(folder, name)
         if path in live:
             if os.path.isdir(path) and not os.path.islink(path):

@@ -360,6 +360,8 @@ class MultirankHooks:
             found = self._explore(item, active, active.exploration, report)
             if found is not None:
                 report, verdict = found
+        elif verdict.failure is not None and active.exploration is not None and active.exploration.replay:
+            verdict.failure.schedule = [active.exploration.not_replayed()]
         active.verdict = verdict
         active.teardown = verdict.teardown
         relay_warnings(item, [w for _, res in sorted(report.results.items()) for w in res.warnings])

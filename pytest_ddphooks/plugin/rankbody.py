@@ -258,6 +258,7 @@ def _run_body(
         if at is not None:
             marks.append((begins, *at))
 
+    _lend_breakpoints(ctx)
     with ctx.measured.test_code():  # coverage: the test's own code, not the harness around it
         enter("setup")
         try:
@@ -278,7 +279,7 @@ def _run_body(
             ctx.note("setup", "ok")
             phase = "call"
             mark("call")
-            _lend_breakpoints(ctx, item)
+            _trace_body(ctx, item)
             _reseed_as_the_session(item, "call")
             item.ihook.pytest_pyfunc_call(pyfuncitem=item)
             _stray_exceptions(item)
@@ -375,10 +376,10 @@ def _reseed_as_the_session(item: pytest.Function, phase: str) -> None:
             reseed(item)
 
 
-def _lend_breakpoints(ctx: RankContext, item: pytest.Function) -> None:
-    """``breakpoint()``, ``pytest.set_trace()`` and ``pdb.set_trace()`` in the body open pdb on
-    the pytest process's terminal; so does ``--trace``, at the test's first line (pytest's own
-    would read the rank's stdin, which is no terminal, and pass the test as pdb quits)."""
+def _lend_breakpoints(ctx: RankContext) -> None:
+    """``breakpoint()``, ``pytest.set_trace()`` and ``pdb.set_trace()`` in the body or in a
+    rank's fixture open pdb on the pytest process's terminal (pytest's own would read the
+    rank's stdin, which is no terminal)."""
     debugger = ctx.debugger
     if debugger is None:
         return
@@ -390,6 +391,14 @@ def _lend_breakpoints(ctx: RankContext, item: pytest.Function) -> None:
         sys.breakpointhook = set_trace
     pdb.set_trace = set_trace  # type: ignore[assignment]
     pytest.set_trace = set_trace  # type: ignore[assignment]
+
+
+def _trace_body(ctx: RankContext, item: pytest.Function) -> None:
+    """``--trace``: pdb at the test's first line, on the pytest process's terminal (pytest's
+    own would read the rank's stdin and pass the test as pdb quits)."""
+    debugger = ctx.debugger
+    if debugger is None:
+        return
     if item.config.getoption("trace", False):  # no such option under -p no:debugging
         # pytest's wrapper stands aside: this one lends the terminal
         item.config.pluginmanager.unregister(name="pdbtrace")
@@ -433,7 +442,7 @@ def outcome_of(
     if isinstance(error, XFailed):
         return RankResult(rank, "xfailed", message=str(error.msg), duration=elapsed)
     if isinstance(error, bdb.BdbQuit):  # `q` at a breakpoint: the person ended it, no traceback
-        words = "the debugger was quit (q) in this rank"
+        words = "the debugger was quit (q) in this rank"  # or its input ended (stdin no terminal)
         return RankResult(rank, "failed", longrepr=words + "\n", message=words, duration=elapsed, phase=phase)
     text, message, location = _render(item, error, markup)
     if isinstance(error, Exit):

@@ -294,11 +294,13 @@ def take_over_groups(rec: EventLog) -> None:
 
 
 def _default_group() -> Any:
-    """``GroupMember.WORLD``, read without the two properties in front of it."""
+    """``GroupMember.WORLD``, read without the two properties in front of it (None before
+    torch.distributed is imported: a recorder may begin first)."""
     try:
         return _c10d_world._default_pg
     except AttributeError:
-        return _dist().GroupMember.WORLD
+        dist = sys.modules.get("torch.distributed")
+        return None if dist is None else dist.GroupMember.WORLD
 
 
 def describe_collective(
@@ -503,6 +505,7 @@ def run_recorded(
     _tls.depth = outer
     out: dict[str, Any] | None = None
     done = False  # an asynchronous call that completed before it returned
+    raced = False
     try:
         pg = call.pg
         if "async" in info and pg is not None and result is not None:
@@ -515,7 +518,11 @@ def run_recorded(
                 for target in targets:
                     rec.handed(target, [(target, call_id, name, info, call.static)])
         if pg is not None:
-            rec.counted(group, call.counter, _counter(pg), call.p2p, ops)
+            overlapped = rec.counted(group, call.counter, _counter(pg), call.p2p, ops)
+            # numbered as it began, alone; another thread's call on the group began before it
+            # returned: which of the two the group took first is not known (a send or receive
+            # is judged by its channel)
+            raced = overlapped and not call.p2p and "seq" in info
         if after is not None:
             out = after(rec, call, result)
         if call.channel is not None:
@@ -524,6 +531,8 @@ def run_recorded(
                 out = {**(out or {}), **unsure}
     except Exception as exc:  # the recorder must never be why a call fails
         out = {**(out or {}), "recorder_error": error_text(exc)}
+    if raced:
+        out = {**(out or {}), events.RACED: True}
     if "async" in info and not done:  # it completes at its wait, not at this return
         out = _ASYNC_END if not out else {"async": True, **out}
     rec.end(call_id, kind, name, out or None, _ASYNC_END if out is _ASYNC_END else None)

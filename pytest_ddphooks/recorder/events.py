@@ -43,6 +43,15 @@ START = "start"
 END = "end"
 POINT = "point"
 
+# In a collective's end: numbered as it began, alone on its group, but another thread's call on the
+# group began before it returned, so which of the two the group took first is not known. Read
+# back, the call has no number (as one that began beside another), and says why.
+RACED = "raced"
+RACED_WHY = (
+    "another thread of the rank began a call on the group before it returned: which of the two the group"
+    " took first cannot be told"
+)
+
 # Raw record: (call_id, t_ns, lane, kind, phase, name, info). marshal keeps it fast.
 RawEvent = tuple[int, int, int, str, str, str, "dict[str, Any] | None"]
 
@@ -314,8 +323,9 @@ def to_events_and_threads(
     lanes: dict[int, str] = {}
     idents: dict[int, int] = {}
     lost: dict[str, str] = {}  # group -> why the rank's calls on it from here are unsure
-    unsure_calls: dict[int, str] = {}  # call id -> why
     records = in_time_order(list(records))
+    # call id -> why: calls that raced another thread's on their group, as their end says
+    unsure_calls = {r[0]: RACED_WHY for r in records if r[4] == END and r[3] == COLLECTIVE and r[6] and r[6].get(RACED)}
     for call_id, t_ns, lane, kind, phase, name, info in records:
         if kind == META:
             lanes[lane] = name
@@ -328,7 +338,7 @@ def to_events_and_threads(
             continue
         if kind in WATCH_ONLY:
             continue
-        if lost and kind in (COLLECTIVE, P2P):
+        if (lost or unsure_calls) and kind in (COLLECTIVE, P2P):
             info = _made_unsure(info, phase, call_id, lost, unsure_calls)
         events.append(Event(rank, len(events), lane, kind, phase, name, t_ns, call_id, info or {}))
     return events, lanes, idents
@@ -343,6 +353,6 @@ def _made_unsure(
     why = unsure_calls.get(call_id)
     if why is None:
         return info
-    kept = {k: v for k, v in (info or {}).items() if k not in ("seq", "unseen")}
+    kept = {k: v for k, v in (info or {}).items() if k not in ("seq", "unseen", RACED)}
     kept.setdefault("unsure", why)
     return kept

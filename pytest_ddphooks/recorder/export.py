@@ -210,7 +210,8 @@ def _excerpt(body: list[str], max_rows: int, focus: list[int]) -> list[str]:
 def _cut(text: str, room: int) -> str:
     """``text`` within ``room`` characters, cut in the middle (``> my_project.m~n_train_batch_end``):
     names of hooks under one long prefix differ at their end."""
-    text = " ".join(text.splitlines())  # a name with a newline must not break the table
+    # a name with a newline, a tab or another control character must not break the table
+    text = "".join(c if c.isprintable() else " " for c in " ".join(text.splitlines()))
     if len(text) <= room:
         return text
     head = max(room // 3, 1)

@@ -590,12 +590,13 @@ class EventLog:
 
     def counted(
         self, group: str, before: int | None, after: int | None, p2p: bool, ops: int | None = None, failed: bool = False
-    ) -> None:
+    ) -> bool:
         """A call on ``group`` returned (or raised: ``failed``) with the group's counter at
         ``after``. For a send or receive, ``ops``: how many it issues (each advances the
-        counter by one), when known."""
+        counter by one), when known. Whether another thread's recorded call on the group
+        began while this one ran (then which of them the group took first is not known)."""
         if not group:
-            return
+            return False
         state = self._counters.get(group) or self._counter_of(group)
         overlapped = state.overlapped
         state.open = max(state.open - 1, 0)
@@ -604,7 +605,7 @@ class EventLog:
         if before is None or after is None:
             if not state.open:
                 state.episode = None
-            return
+            return overlapped
         episode = state.episode
         if episode is not None:
             if not p2p:
@@ -634,6 +635,7 @@ class EventLog:
                     " thread's call, so how far each advanced the group's count is not known"
                 )
             self._offset_changes.setdefault(group, []).append((after, state.offset))
+        return overlapped
 
     def unnumber(self, key: Any, seq: int) -> None:
         """A call numbered ``seq`` in ``next_seq(key)`` raised before it reached its group:

@@ -96,7 +96,7 @@ def test_every_pair_of_ranks_runs_a_segment_in_either_order_half_the_time() -> N
 
 def test_the_hook_holds_at_its_points_and_says_where() -> None:
     said: list[dict] = []
-    hook = ScheduleHook([Hold(0, 0, 0.0), Hold(1, 1, 0.0), Hold(2, 0, 0.0)], said.append)
+    hook = ScheduleHook([Hold(0, 0, 0.0), Hold(1, 1, 0.0), Hold(2, 0, 0.0), Hold(3, 0, 0.0)], said.append)
     hook.begin()
     hook(events.MARK, events.POINT, "write", 1)
     hook(events.COLLECTIVE, events.START, "dist.barrier", 2)
@@ -104,10 +104,14 @@ def test_the_hook_holds_at_its_points_and_says_where() -> None:
     hook(events.CALL, events.START, "setup", 3)
     hook(events.META, events.POINT, "MainThread", 0)  # bookkeeping is no point
     hook(events.WAIT, events.END, "dist.all_reduce.wait", 4)
+    hook(events.COLLECTIVE, events.START, "dist.barrier", 5)
+    hook(events.COLLECTIVE, events.END, "dist.barrier", 5)
+    # numbered as a fault's point counts: the n-th time the rank reached it
     assert [(d["segment"], d["point"], d["at"]) for d in said] == [
         (0, 0, "the rank's start"),
-        (1, 1, "start:setup"),
-        (2, 0, "end:dist.all_reduce.wait"),
+        (1, 1, "start:setup#1"),
+        (2, 0, "end:dist.all_reduce.wait#1"),
+        (3, 0, "end:dist.barrier#2"),
     ]
     assert describe_hold(0, {"seconds": 0.04, "at": "start:prepare_data"}) == "rank 0 held 40 ms at start:prepare_data"
 

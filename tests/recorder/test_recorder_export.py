@@ -101,6 +101,17 @@ def test_swimlanes_have_a_column_per_rank() -> None:
     assert any(line.rstrip().endswith("* waiting") for line in lines[2:])
 
 
+def test_a_name_with_a_tab_or_a_newline_keeps_the_lanes_aligned() -> None:
+    sim = Sim(2)
+    sim.mark(0, "a\tb")
+    sim.mark(1, "c\nd\x1be")
+    lines = sim.timeline().swimlanes().splitlines()
+    bar = lines[0].index("|")
+    assert all(line.index("|") == bar for line in lines if "|" in line), lines
+    assert not any(c in "\t\x1b" for line in lines for c in line)
+    assert "* a b" in lines[2] and "* c d e" in "".join(lines[2:])
+
+
 def test_a_collective_completed_by_every_member_sits_on_one_row() -> None:
     tl = sample().timeline()
     rows = columns(tl.swimlanes())[2:]

@@ -102,6 +102,82 @@ def test_thread(rank, recorder):
     result.assert_outcomes(passed=1)
 
 
+def test_a_collective_another_threads_call_overtakes_after_it_was_numbered_pairs_with_nothing(pytester) -> None:
+    """A thread's all-reduce is numbered #1 as it begins, alone on the group; before it reaches
+    torch the main thread's all-reduce overtakes it, and gloo matches the thread's with rank 1's
+    second. Paired by its number, it proved an order no synchronisation made."""
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+def test_overtaken(rank, recorder):
+    if rank == 0:
+        numbered = threading.Event()
+        def hold(frame, event, arg):  # numbered, not yet issued: the main thread goes first
+            if event == "call" and frame.f_code.co_name == "begin" and not numbered.is_set():
+                numbered.set()
+                time.sleep(0.3)
+        got = []
+        def body():
+            sys.setprofile(hold)
+            recorder.mark("before")
+            x = torch.tensor([1.0])
+            dist.all_reduce(x)
+            sys.setprofile(None)
+            got.append(x.item())
+        thread = threading.Thread(target=body)
+        thread.start()
+        numbered.wait()
+        dist.all_reduce(torch.tensor([100.0]))
+        thread.join()
+        assert got == [4.0]  # the thread's met rank 1's second all-reduce (1 + 3)
+    else:
+        dist.all_reduce(torch.tensor([2.0]))
+        recorder.mark("between")
+        dist.all_reduce(torch.tensor([3.0]))
+    tl = recorder.timeline()
+    assert seqs(tl, 0, "dist.all_reduce") == [None, None] and seqs(tl, 1, "dist.all_reduce") == [1, 2]
+    text = refused(tl, "before@0", "between@1")
+    assert "another thread of the rank began a call on the group before it returned" in text
+    assert tl.swimlanes().count("= all_reduce #? (unpaired)") == 2
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_a_collective_that_ran_alone_keeps_its_number_beside_threads_calls_on_other_groups(pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.multirank(world_size=2)
+def test_alone(rank, recorder):
+    other = dist.new_group([0, 1])
+    if rank == 0:
+        started = threading.Event()
+        def on_other():
+            started.set()
+            dist.all_reduce(torch.ones(1), group=other)  # waits for rank 1's, after 'between'
+        recorder.mark("before")
+        dist.all_reduce(torch.ones(1))
+        thread = threading.Thread(target=on_other)
+        thread.start()
+        started.wait()
+        dist.all_reduce(torch.ones(1))
+        thread.join()
+    else:
+        dist.all_reduce(torch.ones(1))
+        recorder.mark("between")
+        dist.all_reduce(torch.ones(1))
+        dist.all_reduce(torch.ones(1), group=other)
+    tl = recorder.timeline()
+    assert seqs(tl, 0, "dist.all_reduce") == [1, 1, 2] or seqs(tl, 0, "dist.all_reduce") == [1, 2, 1]
+    tl.assert_happens_before("before@0", "between@1")
+    assert "#? (unpaired)" not in tl.swimlanes()
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
 def test_a_collective_another_thread_counted_already_is_no_unseen_call(pytester) -> None:
     """A thread's all-reduce has moved the group's counter when the main thread's begins: that
     move was once taken for a call the recorder did not see, and the flight recorder's entry of

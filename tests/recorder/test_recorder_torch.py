@@ -382,6 +382,32 @@ def test_a_standalone_recorder_takes_its_rank_from_the_group(tmp_path: Path, whe
     assert lines == ["rank 0: ranks=[0] world=2 own=True", "rank 1: ranks=[1] world=2 own=True"]
 
 
+BEFORE_TORCH = """
+import sys, tempfile
+from pytest_ddphooks import Recorder
+assert "torch" not in sys.modules
+with Recorder(rank=0, world_size=1) as rec:  # begins before torch is imported
+    rec.mark("first")
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+    dist.all_reduce(torch.ones(1))
+    dist.destroy_process_group()
+print([e.name for e in rec.timeline().events if e.phase != "end"])
+"""
+
+
+def test_a_recorder_begun_before_torch_is_imported_records_what_torch_then_does(tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "before_torch.py"
+    script.write_text(BEFORE_TORCH)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == (
+        "['first', 'dist.init_process_group', 'dist.all_reduce', 'dist.destroy_process_group']"
+    )
+
+
 def test_a_recorder_told_its_rank_keeps_it(group: None) -> None:
     with Recorder(rank=3, world_size=4) as rec:
         rec.mark("x")

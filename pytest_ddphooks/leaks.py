@@ -190,7 +190,10 @@ class LeakGuard:
     def _processes(self) -> dict[int, str]:
         own = self._own()
         out = {}
-        todo = procs.children_of(os.getpid())
+        # read twice: a child of a thread that is ending moves to another thread of the process
+        # as it ends, and one read of every thread's children can miss it between two of them
+        me = os.getpid()
+        todo = list({*procs.children_of(me), *procs.children_of(me)})
         seen: set[int] = set()
         while todo:
             pid = todo.pop()

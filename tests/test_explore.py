@@ -19,9 +19,9 @@ def test_read_without_barrier(rank, shared_tmp_path):
     data = shared_tmp_path / "data.txt"
     if rank == 0:
         data.write_text("42")
-    # the bug: no dist.barrier() here; rank 1 is busy first, so it reads late enough by luck
+    # the bug: no dist.barrier() here; rank 1 is busy first (~60 ms), so it reads late enough by luck
     if rank == 1:
-        busy(300_000)
+        busy(1_000_000)
         assert data.read_text() == "42"
     dist.barrier()
 """
@@ -73,7 +73,7 @@ def test_a_race_after_the_last_recorded_point_is_found_too(inner) -> None:
     """Nothing is recorded after rank 1's read: the time from its last point to the end of its
     body is a segment of the plain run all the same, and the holds outlast it."""
     race = RACE.replace("    dist.barrier()\n", "").replace("import torch.distributed as dist\n", "")
-    race = race.replace("busy(300_000)", "busy(3_000_000)")  # ~0.15 s: 10x the shortest hold
+    race = race.replace("busy(1_000_000)", "busy(3_000_000)")  # ~0.15 s: 10x the shortest hold
     assert "dist.barrier()\n" not in race
     inner(race).result.assert_outcomes(passed=1)
     ran = inner(race, "--ddp-explore=20")

@@ -146,6 +146,7 @@ class EventLog:
         self.rank, self.world_size = rank, world_size
         self._raw: list[RawEvent] = []
         self._file = EventFile(event_file) if event_file is not None else None
+        _live_logs.add(self)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._lanes: dict[int, int] = {}  # thread id -> the lane of the thread that has it now
@@ -223,6 +224,27 @@ class EventLog:
         if self._file is not None:
             with self._lock:
                 self._file.write(record)
+
+    def _in_forked_child(self) -> None:
+        """This process was forked from the one recording (a DataLoader's worker of a rank): the
+        event file and the armed faults are that process's, and another writer of the file would
+        overwrite its records. What this one records is dropped, and said once."""
+        self._file = None  # this process's copy of the mapping is never written again
+        self.trigger = None
+        self._emit = self._dropped  # type: ignore[method-assign]
+
+    def _dropped(self, kind: str, phase: str, name: str, *_: Any, **__: Any) -> None:
+        if kind in (events.MARK, events.CALL, events.BARRIER, events.COLLECTIVE, events.P2P) and not self._told_dropped:
+            self._told_dropped = True
+            with contextlib.suppress(OSError):
+                os.write(
+                    2,
+                    f"ddphooks: {name!r} was recorded in process {os.getpid()}, which the recording process"
+                    f" (rank {self.rank}) forked: only that process records; what processes it starts"
+                    " record is not in its timeline\n".encode(errors="replace"),
+                )
+
+    _told_dropped = False
 
     def _write_file_only(self, kind: str, phase: str, name: str, info: dict[str, Any] | None) -> None:
         """A record for the watchdog alone: in the event file, never in the timeline."""
@@ -843,6 +865,18 @@ class EventLog:
             if token in others:
                 others.remove(token)
         return token[0]
+
+
+# every log of this process: a process forked from it records nothing into them (``_in_forked_child``)
+_live_logs: weakref.WeakSet[EventLog] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for log in list(_live_logs):
+        log._in_forked_child()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _default_group_place() -> tuple[int, int] | None:

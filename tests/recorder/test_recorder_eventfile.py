@@ -69,6 +69,36 @@ def written(tmp_path: Path, n: int = 5) -> tuple[Path, int]:
     return path, last
 
 
+def test_a_forked_child_records_nothing_into_its_parents_file_and_says_so(tmp_path: Path) -> None:
+    """A DataLoader worker forked from a rank shares the rank's event file: its records would
+    land where the rank's next ones go (and an armed fault would act in it)."""
+    path = tmp_path / "events"
+    rec = Recorder(0, 1, event_file=str(path))
+    try:
+        rec.mark("before")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.dup2(write, 2)
+            for i in range(100):
+                rec.mark(f"in worker {i}")
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        said = os.read(read, 4096).decode()
+        os.close(read)
+        rec.mark("after")
+        names = [r[5] for r in read_raw(path) if r[3] == events.MARK]
+    finally:
+        rec.close()
+    assert names == ["before", "after"]
+    assert [e.name for e in rec.timeline().events] == ["before", "after"]
+    assert said == (
+        f"ddphooks: 'in worker 0' was recorded in process {pid}, which the recording process (rank 0) forked:"
+        " only that process records; what processes it starts record is not in its timeline\n"
+    )
+
+
 def test_a_torn_tail_is_ignored(tmp_path: Path) -> None:
     path, last = written(tmp_path)
     with open(path, "r+b") as f:

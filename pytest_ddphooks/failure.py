@@ -510,11 +510,16 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     n = report.world_size
     timeline = report.timeline
     mismatches = timeline.collective_mismatches() if timeline is not None else []
-    failed = [r for r, res in sorted(report.results.items()) if res.outcome == "failed"]
-    died = [r for r in range(n) if report.died(r)]
-    # ranks whose test failed, then died or were stopped in their fixtures' teardown
-    failed_first = report.failed_before_teardown
-    primary = [r for r in failed if not _consequence(report, r, report.results[r])]
+    # ranks whose test failed, then died, were stopped or taken out by a fault in their
+    # fixtures' teardown; those whose failure was a peer going away failed after it, as ever
+    failed_first = {r: res for r, res in report.failed_before_teardown.items() if r not in report.results}
+    after_peer = {r for r, res in failed_first.items() if _consequence(report, r, res)}
+    died = [r for r in range(n) if report.died(r) and r not in after_peer]
+    results = {**failed_first, **report.results}
+    failed = sorted(
+        r for r, res in results.items() if res.outcome == "failed" and (r in report.results or r not in died)
+    )
+    primary = [r for r in failed if not _consequence(report, r, results[r])]
     if mismatches and not failed and not died and not report.stuck and _expected(report):
         mismatches = []  # the test provoked them and looked at them itself (gloo ran them): it passes
     failures = []
@@ -530,9 +535,8 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
         elif r in failed:
             how = "failed" if r in primary else "consequence"
             after = None if how == "failed" else _gone_peer(report, r)
-            failures.append(RankFailure(r, how, report.results[r], report.exits.get(r), after))
-        elif r in failed_first:  # stopped in its teardown: its test had failed before
-            failures.append(RankFailure(r, "failed", failed_first[r], report.exits.get(r), in_teardown=True))
+            torn = r in failed_first  # then stopped or taken out in its teardown
+            failures.append(RankFailure(r, how, results[r], report.exits.get(r), after, in_teardown=torn))
     unfired = _unfired(report)
     if mismatches:
         cause = DESYNC
@@ -943,8 +947,10 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
     dead = [rf for rf in f.failures if rf.how == "died"]
     first_result = dead[0].result if dead and dead[0].failed_first else None
     if first_result is not None:
+        # said on the first line: a summary shows only that one
+        first, _, rest = first_result.message.partition("\n")
         then = f"then it died in fixture teardown: {_exit_words(dead[0].exit)}"
-        return f"rank {dead[0].rank}: {first_result.message} ({then})", None
+        return f"rank {dead[0].rank}: {first} ({then})" + (f"\n{rest}" if rest else ""), None
     if dead:
         message = f"rank {dead[0].rank} died ({_exit_words(dead[0].exit)})"
         # a rank that failed on its own beside it is a cause too

@@ -25,7 +25,7 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ KINDS = ("group", "process", "thread", "socket", "env")
 # how long a leaked thread gets to end, and a leaked socket to be closed by its owner
 # (gloo closes its pairs just after a group is destroyed), before either is judged
 SETTLE_SECONDS = 1.0
+OWNERS_WALK_SECONDS = 0.3  # at most, looking for what native objects still own a socket
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,34 @@ class LeakGuard:
     def __init__(self, own_processes: Callable[[], set[int]] = set) -> None:
         # pids whose trees belong to the harness itself (the warm launcher)
         self._own = own_processes
+        # within one look (``one_look``): when its waiting ends, and what native objects own
+        # sockets (a walk of the whole heap: seconds in a large suite's process), found once
+        self._looking = False
+        self._look_deadline: float | None = None
+        self._owners_hint: str | None = None
+
+    @contextlib.contextmanager
+    def one_look(self) -> Iterator[None]:
+        """One test's teardown: every wait in it (for the test's leaks and for each scope that
+        ends) shares one settling window, and the heap is walked for native owners once."""
+        self._looking, self._look_deadline, self._owners_hint = True, None, None
+        try:
+            yield
+        finally:
+            self._looking, self._look_deadline, self._owners_hint = False, None, None
+
+    def _deadline(self, wait: float) -> float:
+        deadline = time.monotonic() + wait
+        if not self._looking:
+            return deadline
+        if self._look_deadline is None:
+            self._look_deadline = deadline
+        return self._look_deadline
+
+    def _native_owners(self) -> str:
+        if self._owners_hint is None or not self._looking:
+            self._owners_hint = _native_owners()
+        return self._owners_hint
 
     def _processes(self) -> dict[int, str]:
         own = self._own()
@@ -252,7 +281,7 @@ class LeakGuard:
             return []
         releasing.release_failures(holders)
         gc.collect()
-        deadline = time.monotonic() + wait
+        deadline = self._deadline(wait)
         for leak in leaks:  # processes first: a thread may be waiting for one
             if leak.kind == "process" and leak.ref:
                 until = max(deadline, time.monotonic() + singletons.patience(leak, leak.ref))
@@ -298,7 +327,7 @@ class LeakGuard:
                 out.append(Outcome(leak, False, "a thread cannot be stopped from outside; it was left running"))
         sockets = [lk for lk in leaks if lk.kind == "socket"]
         if sockets:
-            _await_closed({lk.ref for lk in sockets}, time.monotonic() + SETTLE_SECONDS)
+            _await_closed({lk.ref for lk in sockets}, self._deadline(SETTLE_SECONDS))
             open_now = _inodes_open({lk.ref for lk in sockets})
             owners = _python_sockets(open_now)
             users = {inode: _threads_using(inode, owners) for inode in owners}
@@ -319,7 +348,7 @@ class LeakGuard:
                     out.append(Outcome(leak, False, how))
                 else:
                     if not hint:
-                        hint = _native_owners()
+                        hint = self._native_owners()
                     how = f"native code owns it ({hint}): left open, as closing it from outside would crash that code"
                     out.append(Outcome(leak, False, how))
         return out
@@ -475,14 +504,24 @@ def _native_owners() -> str:
     kinds = ownership.native_c10d_types()
     counts: dict[str, int] = {}
     held_by: list[str] = []
+    cut = False
     if kinds:
         seen: set[int] = set()
+        native: dict[type, bool] = {}  # a type is judged once: the objects are of a few hundred types
 
         def count(obj: Any) -> bool:
-            if not isinstance(obj, kinds) or id(obj) in seen:
+            kind = type(obj)
+            is_native = native.get(kind)
+            if is_native is None:
+                try:
+                    is_native = issubclass(kind, kinds)
+                except Exception:  # a type whose subclass check raises owns nothing here
+                    is_native = False
+                native[kind] = is_native
+            if not is_native or id(obj) in seen:
                 return False
             seen.add(id(obj))
-            counts[type(obj).__name__] = counts.get(type(obj).__name__, 0) + 1
+            counts[kind.__name__] = counts.get(kind.__name__, 0) + 1
             return True
 
         # looking at every object touches deprecated ones (torch's reduce_op warns when its
@@ -493,17 +532,25 @@ def _native_owners() -> str:
             # not even tracked by the garbage collector, whose walk below would miss it)
             for module_name, module in list(sys.modules.items()):
                 for name, value in list(getattr(module, "__dict__", {}).items()):
-                    inside = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+                    inside = value.values() if type(value) is dict else value if type(value) is list else ()
                     with contextlib.suppress(Exception):
-                        if count(value) or sum(count(v) for v in list(inside)):
+                        if count(value) | any([count(v) for v in list(inside)]):
                             held_by.append(f"{module_name}.{name}")
-            for holder in gc.get_objects():
-                for obj in gc.get_referents(holder):
-                    with contextlib.suppress(Exception):
+            # a large suite's heap holds millions of objects: the walk is a hint, cut short
+            ends = time.monotonic() + OWNERS_WALK_SECONDS
+            referents = gc.get_referents
+            for i, holder in enumerate(gc.get_objects()):
+                if not i & 4095 and time.monotonic() > ends:
+                    cut = True
+                    break
+                for obj in referents(holder):
+                    if native.get(type(obj)) is not False:
                         count(obj)
     if not counts:
-        return "no Python object owns it"
+        return "no Python object owns it" if not cut else "no Python object found owning it"
     found = ", ".join(f"{n} {name} object{'s' if n > 1 else ''}" for name, n in sorted(counts.items()))
+    if cut:
+        found = f"at least {found}"
     where = f"; held in {', '.join(held_by[:3])}{' and more' if len(held_by) > 3 else ''}" if held_by else ""
     return f"still referenced: {found}{where}"
 

@@ -125,6 +125,57 @@ def test_a_body_that_fails_is_still_failed_and_fixtures_that_work_stay_quiet(inn
     ran.no_lines("*fixture setup*")
 
 
+def test_a_failed_test_whose_rank_a_fault_or_a_peer_takes_out_in_teardown_stays_failed(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def marks_in_teardown(rank, recorder):
+            yield
+            recorder.mark("teardown")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_killed_in_teardown(rank, faults, marks_in_teardown):
+            faults.kill(rank=1, at="mark:teardown")  # a fault taking a rank out is no failure...
+            assert rank == 0, "the body failed first"  # ...but this one had failed already
+
+        @pytest.fixture
+        def dies0(rank):
+            yield
+            if rank == 0:
+                os._exit(4)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_peer_gone_then_dies(rank, dies0):
+            if rank == 1:
+                os._exit(3)
+            dist.barrier()
+
+        REC = __import__("pytest_ddphooks").Recorder()  # made in the pytest process
+
+        @pytest.mark.multirank(world_size=2)
+        def test_module_recorder(rank):
+            with REC:
+                REC.mark("hello")
+            assert [e.name for e in REC.timeline().events] == ["hello"]
+        """
+    )
+    ran.result.assert_outcomes(failed=2, passed=1)
+    ran.lines("*_ test_killed_in_teardown _*", "*", "multirank test failed on rank 1 of 2", "*", "  rank 1: failed: *")
+    ran.lines(
+        "*_ test_peer_gone_then_dies _*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: failed after rank 1, because its peer went away: *",
+        "*",
+        "  rank 1: died (exit code 3)",
+    )
+    ran.lines("FAILED test_inner.py::test_peer_gone_then_dies - rank 1 died (exit code 3)")
+    ran.no_lines("*recorded in process*")
+
+
 def test_a_skipped_or_xfailed_rank_whose_teardown_fails_reports_the_error(inner) -> None:
     # as pytest does for a plain test: skipped (or xfailed), and an error at teardown
     ran = inner(
@@ -201,7 +252,7 @@ def test_a_rank_that_dies_in_a_fixture_teardown_is_an_error_in_teardown(inner) -
     ran.lines("*_ test_body_dies _*", "multirank test failed on rank 0 of 2", "  rank 0: died (exit code 4)")
 
 
-def test_a_rank_whose_test_failed_then_died_or_hung_in_teardown_still_shows_the_failure(inner) -> None:
+def test_a_rank_whose_test_failed_then_died_or_hung_in_teardown_still_shows_the_failure(inner, pytester) -> None:
     ran = inner(
         """
         import os
@@ -246,7 +297,8 @@ def test_a_rank_whose_test_failed_then_died_or_hung_in_teardown_still_shows_the_
         @pytest.mark.multirank(world_size=2)
         def test_plain(rank, fine):
             assert rank == 0, "failed in the body first"
-        """
+        """,
+        "--junitxml=junit.xml",
     )
     ran.result.assert_outcomes(failed=4)
     ran.lines(
@@ -287,9 +339,15 @@ def test_a_rank_whose_test_failed_then_died_or_hung_in_teardown_still_shows_the_
     ran.lines(
         "FAILED test_inner.py::test_then_dies - rank 1: AssertionError: failed in the *",
     )
+    # junit's message says it on its first line, as a summary shows only that one
+    junit = (pytester.path / "junit.xml").read_text()
+    assert (
+        'message="rank 1: AssertionError: failed in the body first (then it died in fixture teardown: exit code 3)'
+        in junit
+    )
     # a test that failed and tore down well says nothing of its teardown
-    plain = ran.text.split("_ test_plain _")[1].split("short test summary")[0]
-    assert "teardown" not in plain and "died" not in plain, plain
+    plain = ran.text.split("_ test_plain _")[1].split("generated xml file")[0]
+    assert "fixture teardown" not in plain and "fixture's teardown" not in plain and "died" not in plain, plain
 
 
 def test_a_rank_tells_its_code_which_phase_runs_as_pytest_does(inner) -> None:

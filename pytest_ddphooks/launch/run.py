@@ -197,6 +197,8 @@ class RunWatch:
             self._next_poll += spent
             if self._failed_at is not None:
                 self._failed_at += spent
+            if self._stop_at is not None:  # a peer's death: the grace it gives the others too
+                self._stop_at += spent
         elif note.phase == "setup" and note.status == "ok":
             self.setup_done.add(note.rank)
         elif note.phase == "call" and note.status == "passed":

@@ -13,6 +13,7 @@ name of the fixture. Everything else new after teardown is the test's own leak.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from collections.abc import Generator
@@ -249,7 +250,14 @@ class LeakHooks:
                     item.stash[UNITTEST_SETUP_KEY] = self.guard.snapshot()
 
             case._callSetUp = set_up_then_look  # type: ignore[union-attr]
-        return (yield)
+        try:
+            return (yield)
+        finally:
+            if callable(call_setup):
+                # the look's closure holds the case: a case the test's item keeps for the rest of
+                # the session would keep what its setUp made (a group's sockets) alive with it
+                with contextlib.suppress(AttributeError):
+                    del case._callSetUp  # type: ignore[union-attr]
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
@@ -259,7 +267,7 @@ class LeakHooks:
             return (yield)
         finally:
             try:
-                with coverage_relay.HarnessWork():
+                with coverage_relay.HarnessWork(), self.guard.one_look():
                     self._check(item)
             finally:
                 if WIDER_KEY in item.stash:  # the values would otherwise live as long as the session
@@ -457,12 +465,13 @@ class LeakHooks:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.guard.clean([lk for lk in self.allowed_processes if procs.is_running(lk.ref)], Snapshot())
         self.session_report.extend(self.late)
-        for entry in self.pending:
-            still = self._still(entry)
-            if still:
-                done = self.guard.clean(still, entry.before)
-                head = f"{entry.owner}, set up for {entry.test}, left behind at the end of the session"
-                self.session_report.extend(describe(head, done, "cleaned up"))
+        with self.guard.one_look():
+            for entry in self.pending:
+                still = self._still(entry)
+                if still:
+                    done = self.guard.clean(still, entry.before)
+                    head = f"{entry.owner}, set up for {entry.test}, left behind at the end of the session"
+                    self.session_report.extend(describe(head, done, "cleaned up"))
         self.pending.clear()
         if self.mode == "off":
             self.session_report.clear()

@@ -212,7 +212,7 @@ def _on_group(rec: EventLog, op: str, group: Any, api: str | None, async_op: boo
         return _bare(op, api, world), None
     pg = world if group is None else group
     key, info = _group_info(rec, pg, world, op, api, async_op)
-    rec.opened(key)  # before the counter is read: from here another thread's call sees this one
+    rec.opened(key, collective=False)  # before the counter is read: from here another thread's call sees this one
     return Call(info, pg, _counter(pg)), key
 
 
@@ -333,7 +333,8 @@ def describe_collective(
                 cache.clear()
             cache[shape] = known
     _, key, static = known
-    rec.opened(key)  # before the counter is read: from here another thread's call sees this one
+    # before the counter is read: from here another thread's call sees this one
+    rec.opened(key, collective=op != "monitored_barrier")
     call = Call(static, pg, _counter(pg))
     if api is None and op in _COALESCED_OPS and pg in getattr(_c10d_world, "pg_coalesce_state", ()):
         # only queued: the coalesced call the manager issues at its exit is the collective
@@ -1310,7 +1311,7 @@ def _wrap_functional_batch(function: str, original: Callable[..., Any], funcol: 
             tags = [int(t) for t in bound.get("tag_list") or [0] * len(ops)]
         except Exception:
             return original(*args, **kwargs)  # not understood: the gap it leaves is said as such
-        rec.opened(key)
+        rec.opened(key, collective=False)
         before = _counter(pg)
         rec.p2p_began(key, before)
         try:

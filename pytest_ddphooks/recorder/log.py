@@ -100,6 +100,7 @@ class _GroupCounter:
     __slots__ = (
         "anchor_ns",
         "calls",
+        "collective_overlapped",
         "episode",
         "expected",
         "in_flight",
@@ -121,6 +122,7 @@ class _GroupCounter:
         self.calls = 0  # recorded calls, for a group whose counter cannot be read
         self.open = 0  # recorded calls on the group running now (on any thread)
         self.overlapped = False  # a call began while another was running, since none ran
+        self.collective_overlapped = False  # so did a collective (not a send or receive)
         # why this rank's own count of the group can no longer be trusted, once it cannot
         self.untrusted: str | None = None
 
@@ -226,9 +228,13 @@ class EventLog:
                 self._file.write(record)
 
     def _in_forked_child(self) -> None:
-        """This process was forked from the one recording (a DataLoader's worker of a rank): the
-        event file and the armed faults are that process's, and another writer of the file would
-        overwrite its records. What this one records is dropped, and said once."""
+        """This process was forked from the one recording into an event file (a DataLoader's
+        worker of a rank): the file and the armed faults are that process's, and another writer
+        of the file would overwrite its records. What this one records is dropped, and said once.
+        A log in memory alone (a Recorder a test module made in the pytest process, which its
+        ranks inherit) records on in each process, as its own."""
+        if self._file is None:
+            return
         self._file = None  # this process's copy of the mapping is never written again
         self.trigger = None
         self._emit = self._dropped  # type: ignore[method-assign]
@@ -563,12 +569,15 @@ class EventLog:
                     time.time_ns(),
                 )
 
-    def opened(self, group: str) -> None:
+    def opened(self, group: str, collective: bool) -> None:
         """A recorded call on ``group`` is about to read the group's counter and run
-        (``counted`` ends it)."""
+        (``counted`` ends it); ``collective``: it is one (not a send, a receive or a monitored
+        barrier, which move the rank's own count, not the place of the collectives beside them)."""
         state = self._counters.get(group) or self._counter_of(group)
         if state.open:
             state.overlapped = True
+            if collective:
+                state.collective_overlapped = True
         state.open += 1
 
     def group_created(self, group: str, pg: Any, counter: int | None) -> None:
@@ -615,19 +624,20 @@ class EventLog:
     ) -> bool:
         """A call on ``group`` returned (or raised: ``failed``) with the group's counter at
         ``after``. For a send or receive, ``ops``: how many it issues (each advances the
-        counter by one), when known. Whether another thread's recorded call on the group
+        counter by one), when known. Whether another thread's recorded collective on the group
         began while this one ran (then which of them the group took first is not known)."""
         if not group:
             return False
         state = self._counters.get(group) or self._counter_of(group)
         overlapped = state.overlapped
+        raced = state.collective_overlapped
         state.open = max(state.open - 1, 0)
         if not state.open:
-            state.overlapped = False
+            state.overlapped = state.collective_overlapped = False
         if before is None or after is None:
             if not state.open:
                 state.episode = None
-            return overlapped
+            return raced
         episode = state.episode
         if episode is not None:
             if not p2p:
@@ -657,7 +667,7 @@ class EventLog:
                     " thread's call, so how far each advanced the group's count is not known"
                 )
             self._offset_changes.setdefault(group, []).append((after, state.offset))
-        return overlapped
+        return raced
 
     def unnumber(self, key: Any, seq: int) -> None:
         """A call numbered ``seq`` in ``next_seq(key)`` raised before it reached its group:

@@ -178,6 +178,52 @@ def test_alone(rank, recorder):
     result.assert_outcomes(passed=1)
 
 
+def test_a_send_another_thread_begins_beside_a_collective_leaves_it_paired(pytester) -> None:
+    """A send moves the rank's own count, not the collective's place among the group's
+    collectives: the collective keeps its number, proves its order, and a desync of it is one."""
+    result = run(
+        pytester,
+        """
+def send_beside():
+    main = threading.main_thread()
+    def send():
+        while not inside(main, "all_reduce"):  # the main thread's collective has begun: send now
+            time.sleep(0.005)
+        dist.send(torch.ones(1), dst=1)
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+@pytest.mark.multirank(world_size=2, timeout=20)
+def test_paired(rank, recorder):
+    if rank == 0:
+        thread = send_beside()
+        dist.all_reduce(torch.ones(1))  # returns once rank 1 received, then entered its own
+        recorder.mark("after")
+        thread.join()
+    else:
+        recorder.mark("before")
+        dist.recv(torch.zeros(1), src=0)
+        dist.all_reduce(torch.ones(1))
+    tl = recorder.timeline()
+    assert seqs(tl, 0, "dist.all_reduce") == seqs(tl, 1, "dist.all_reduce") == [1]
+    tl.assert_happens_before("before@1", "after@0")
+
+@pytest.mark.multirank(world_size=2, timeout=20)
+def test_desync(rank):
+    if rank == 0:
+        thread = send_beside()
+        dist.all_reduce(torch.ones(1))
+        thread.join()
+    else:
+        dist.recv(torch.zeros(1), src=0)
+        dist.all_reduce(torch.ones(1), op=dist.ReduceOp.MAX)
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["desync: collective #1 on the default group: rank 0 all_reduce(*), rank 1 *op=MAX)"])
+
+
 def test_a_collective_another_thread_counted_already_is_no_unseen_call(pytester) -> None:
     """A thread's all-reduce has moved the group's counter when the main thread's begins: that
     move was once taken for a call the recorder did not see, and the flight recorder's entry of
@@ -349,22 +395,36 @@ def _log():
 
 def test_a_send_of_one_thread_never_shifts_the_numbers_of_the_next_collectives() -> None:
     log = _log()
-    log.opened("default")
+    log.opened("default", collective=False)
     log.counted("default", 0, 1, p2p=True, ops=1)  # a send: the counter moved by one
-    log.opened("default")
+    log.opened("default", collective=True)
     assert log.collective_seq("default", 1) == (1, 0, None)
 
 
 def test_a_collective_read_beside_another_threads_call_has_no_number() -> None:
     log = _log()
-    log.opened("default")  # thread B: a receive, its counter read, not returned yet
-    log.opened("default")  # thread A: a collective
+    log.opened("default", collective=False)  # thread B: a receive, its counter read, not returned yet
+    log.opened("default", collective=True)  # thread A: a collective
     _, _, unsure = log.collective_seq("default", 1)
     assert unsure == "it was issued while another thread of the rank was inside a call on the group"
-    log.counted("default", 1, 2, p2p=False)
-    log.counted("default", 0, 2, p2p=True, ops=1)  # B's receive returns: it counts one, whatever moved
-    log.opened("default")
+    assert log.counted("default", 1, 2, p2p=False)  # a collective began beside B's receive
+    assert log.counted("default", 0, 2, p2p=True, ops=1)  # B's receive returns: it counts one, whatever moved
+    log.opened("default", collective=True)
     assert log.collective_seq("default", 2) == (1 + 1, 0, None)  # counter 2 less one receive, plus one
+
+
+def test_a_collective_a_send_began_beside_keeps_its_number_one_a_collective_began_beside_loses_it() -> None:
+    log = _log()
+    log.opened("default", collective=True)  # thread A's collective, alone: numbered as it begins
+    assert log.collective_seq("default", 0)[2] is None
+    log.opened("default", collective=False)  # thread B's send: it moves the rank's own count only
+    assert not log.counted("default", 0, 1, p2p=True, ops=1)
+    assert not log.counted("default", 0, 2, p2p=False)  # A's place among the collectives is sure
+    log.opened("default", collective=True)  # A again
+    log.collective_seq("default", 2)
+    log.opened("default", collective=True)  # B's collective: which reached the group first?
+    assert log.counted("default", 2, 4, p2p=False)  # A's number cannot be trusted
+    assert log.counted("default", 2, 4, p2p=False)  # nor B's, which began beside it
 
 
 @pytest.mark.parametrize("ops, failed", [(None, False), (1, True)])
@@ -374,12 +434,12 @@ def test_a_call_whose_own_share_of_the_counter_is_unknown_beside_another_leaves_
     # a monitored barrier (its parts are sends and receives) or a send that raised (did it reach
     # the group?), while another thread's collective moved the counter too
     log = _log()
-    log.opened("default")
-    log.opened("default")
+    log.opened("default", collective=False)
+    log.opened("default", collective=True)
     assert log.collective_seq("default", 1)[2] is not None
     log.counted("default", 1, 2, p2p=False)
     log.counted("default", 1, 3, p2p=True, ops=ops, failed=failed)
-    log.opened("default")
+    log.opened("default", collective=True)
     _, _, unsure = log.collective_seq("default", 3)
     assert unsure is not None and "beside another thread's call" in unsure
 

@@ -948,9 +948,9 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
     first_result = dead[0].result if dead and dead[0].failed_first else None
     if first_result is not None:
         # said on the first line: a summary shows only that one
-        first, _, rest = first_result.message.partition("\n")
+        line, _, rest = first_result.message.partition("\n")
         then = f"then it died in fixture teardown: {_exit_words(dead[0].exit)}"
-        return f"rank {dead[0].rank}: {first} ({then})" + (f"\n{rest}" if rest else ""), None
+        return f"rank {dead[0].rank}: {line} ({then})" + (f"\n{rest}" if rest else ""), None
     if dead:
         message = f"rank {dead[0].rank} died ({_exit_words(dead[0].exit)})"
         # a rank that failed on its own beside it is a cause too

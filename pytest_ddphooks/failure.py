@@ -92,11 +92,11 @@ class RankFailure:
     fatal: tuple[str, ...] = ()  # a "Fatal Python error" with the test's frames
     stderr_tail: tuple[str, ...] = ()
     # it died (or was stopped) in a fixture's teardown: after its body passed, or after its test
-    # had failed (``failed_first``)
+    # had failed (``died_after_failing``)
     in_teardown: bool = False
 
     @property
-    def failed_first(self) -> bool:
+    def died_after_failing(self) -> bool:
         """It died in its fixtures' teardown after its test had failed: ``result`` says how."""
         r = self.result
         failed = r is not None and r.outcome == "failed" and r.phase != "teardown"
@@ -529,7 +529,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
             err = report.outputs.get(r, ("", ""))[1]
             fatal = tuple(fatal_error(err))
             tail = () if fatal else _tail(err)
-            result = report.results.get(r) or failed_first.get(r)
+            result = results.get(r)
             torn = r in body_passed or r in failed_first
             failures.append(RankFailure(r, "died", result, ex, fatal=fatal, stderr_tail=tail, in_teardown=torn))
         elif r in failed:
@@ -888,7 +888,7 @@ def _died_lines(rf: RankFailure) -> list[str]:
     when = ""
     if rf.result is None:
         when = " in a fixture's teardown, after its body passed" if rf.in_teardown else " before it could report"
-    elif rf.failed_first:
+    elif rf.died_after_failing:
         when = " in a fixture's teardown, after its test had failed (below)"
     lines = [f"rank {rf.rank} died: {_exit_words(rf.exit)}{when}"]
     if getattr(rf.exit, "signal", None) == signal.SIGSEGV and os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL":
@@ -907,7 +907,7 @@ def _summary(f: RunFailure) -> list[str]:
     by_rank = {rf.rank: rf for rf in f.failures}
     for r in range(f.world_size):
         rf = by_rank.get(r)
-        if rf is not None and rf.failed_first:
+        if rf is not None and rf.died_after_failing:
             assert rf.result is not None
             lines.append(f"  rank {r}: failed: {_first(rf.result.message)}")
             lines.append(f"    then died in fixture teardown ({_exit_words(rf.exit)})")
@@ -945,7 +945,7 @@ def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:
                 return f"{head}; {describe_state(st, stuck=True)[0]}", None
         return head, None
     dead = [rf for rf in f.failures if rf.how == "died"]
-    first_result = dead[0].result if dead and dead[0].failed_first else None
+    first_result = dead[0].result if dead and dead[0].died_after_failing else None
     if first_result is not None:
         # said on the first line: a summary shows only that one
         line, _, rest = first_result.message.partition("\n")
@@ -1007,7 +1007,7 @@ def render(f: RunFailure) -> Rendered:
         if rf.how == "died":
             lines.append("")
             lines.extend(_died_lines(rf))
-    failing = [rf for rf in f.failures if rf.how == "failed" or rf.failed_first]
+    failing = [rf for rf in f.failures if rf.how == "failed" or rf.died_after_failing]
     shown = failing or [rf for rf in f.failures if rf.how == "consequence"]
     # which of ranks that failed on their own was first is only worth saying where others
     # failed because of it

@@ -211,7 +211,7 @@ class LeakGuard:
             self._look_deadline = deadline
         return self._look_deadline
 
-    def _native_owners(self) -> str:
+    def _native_owners_once(self) -> str:
         if self._owners_hint is None or not self._looking:
             self._owners_hint = _native_owners()
         return self._owners_hint
@@ -348,7 +348,7 @@ class LeakGuard:
                     out.append(Outcome(leak, False, how))
                 else:
                     if not hint:
-                        hint = self._native_owners()
+                        hint = self._native_owners_once()
                     how = f"native code owns it ({hint}): left open, as closing it from outside would crash that code"
                     out.append(Outcome(leak, False, how))
         return out
@@ -534,7 +534,7 @@ def _native_owners() -> str:
                 for name, value in list(getattr(module, "__dict__", {}).items()):
                     inside = value.values() if type(value) is dict else value if type(value) is list else ()
                     with contextlib.suppress(Exception):
-                        if count(value) | any([count(v) for v in list(inside)]):
+                        if count(value) or sum(count(v) for v in list(inside)):
                             held_by.append(f"{module_name}.{name}")
             # a large suite's heap holds millions of objects: the walk is a hint, cut short
             ends = time.monotonic() + OWNERS_WALK_SECONDS

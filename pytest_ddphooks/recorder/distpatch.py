@@ -519,11 +519,10 @@ def run_recorded(
                 for target in targets:
                     rec.handed(target, [(target, call_id, name, info, call.static)])
         if pg is not None:
-            overlapped = rec.counted(group, call.counter, _counter(pg), call.p2p, ops)
-            # numbered as it began, alone; another thread's call on the group began before it
-            # returned: which of the two the group took first is not known (a send or receive
+            # numbered as it began, alone; another thread's collective on the group began before
+            # it returned: which of the two the group took first is not known (a send or receive
             # is judged by its channel)
-            raced = overlapped and not call.p2p and "seq" in info
+            raced = rec.counted(group, call.counter, _counter(pg), call.p2p, ops) and not call.p2p and "seq" in info
         if after is not None:
             out = after(rec, call, result)
         if call.channel is not None:

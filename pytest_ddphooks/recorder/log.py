@@ -434,7 +434,7 @@ class EventLog:
         (an unseen send or receive does: the flight recorder's silence on it tells, ``judge_gaps``). A
         call another thread is running on the group may or may not have counted yet: a
         collective that starts meanwhile has no number anyone can be sure of."""
-        state = self._counters.get(group) or self._counter_of(group)
+        state = self._counter_of(group)
         state.calls += 1
         unsure = state.untrusted
         if unsure is None and state.open > 1:  # this call is open already (``opened``)
@@ -573,7 +573,7 @@ class EventLog:
         """A recorded call on ``group`` is about to read the group's counter and run
         (``counted`` ends it); ``collective``: it is one (not a send, a receive or a monitored
         barrier, which move the rank's own count, not the place of the collectives beside them)."""
-        state = self._counters.get(group) or self._counter_of(group)
+        state = self._counter_of(group)
         if state.open:
             state.overlapped = True
             if collective:
@@ -628,7 +628,7 @@ class EventLog:
         began while this one ran (then which of them the group took first is not known)."""
         if not group:
             return False
-        state = self._counters.get(group) or self._counter_of(group)
+        state = self._counter_of(group)
         overlapped = state.overlapped
         raced = state.collective_overlapped
         state.open = max(state.open - 1, 0)

@@ -61,6 +61,19 @@ def test_rank_lines_reach_the_terminal_while_the_test_runs(pytester: pytest.Pyte
         assert f"[rank {rank}] after the go" in text
 
 
+def test_with_tee_sys_rank_lines_reach_the_terminal_and_stay_in_the_sections(pytester: pytest.Pytester) -> None:
+    """As a plain test's under --capture=tee-sys: printed as they come and kept for the report."""
+    fails_on_rank_1 = WAITS_FOR_THE_READER.replace('print("after the go")', 'print("after the go"); assert rank == 0')
+    pytester.makepyfile(test_live=fails_on_rank_1)
+    code, text = _run_until_seen(
+        pytester, ["--capture=tee-sys", "test_live.py"], [b"[rank 0] ready on 0", b"[rank 1] ready on 1"]
+    )
+    assert code == 1, text
+    assert "[rank 1] after the go" in text
+    section = text.split("Captured stdout rank 1 call")[1]
+    assert "ready on 1" in section.splitlines()[1], text
+
+
 LIVE_LOG = ("-o", "log_cli=true", "--log-cli-level=INFO")  # pytest's live logging on, from INFO
 LOGS_THEN_WAITS = WAITS_FOR_THE_READER.replace(
     'print(f"ready on {rank}", flush=True)', 'logging.getLogger("app").info("ready on %d", rank)'

@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import coverage_relay
 from ..report import RankExit
-from . import hugepages, output, procs, protocol, rendezvous
+from . import hugepages, inherited_heap, output, procs, protocol, rendezvous
 from .job import Job
 from .rank import HANDED_JOB, RankBody, prepared_rank_main, rank_main
 
@@ -96,6 +96,7 @@ class ForkServer:
         from ..recorder import distpatch
 
         distpatch.install()
+        inherited_heap.install()
 
     def compact_memory(self) -> None:
         """Move this process's memory into huge pages before the first fork: forking a rank
@@ -278,6 +279,7 @@ class ForkServer:
             pid = os.fork()
             if pid == 0:
                 try:
+                    inherited_heap.freeze_in_rank()
                     os.setpgid(0, run.pgid)
                     signal.set_wakeup_fd(-1)
                     for sig, handler in self.rank_handlers.items():

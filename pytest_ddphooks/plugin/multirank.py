@@ -49,7 +49,7 @@ from .reports import (
     safe_name,
 )
 from .session import DdpSession, live_terminal
-from .special import SPECIAL_CHILD_NAME, runs_here
+from .special import SPECIAL_CHILD_NAME, runs_here, special_target
 from .terminal import lend_terminal, terminal_markup
 
 
@@ -84,8 +84,12 @@ class MultirankHooks:
         self._ids = itertools.count(1)
         # the session's own: each test's schedules are drawn from it and the test's id
         self._explore_base = secrets.randbits(32)
-        # with -s every line a rank prints reaches the terminal as it is printed
-        self._live = self.config.getoption("capture", "fd") == "no"
+        # with -s every line a rank prints reaches the terminal as it is printed; with
+        # --capture=tee-sys too, and it stays in the report's sections (the tee-sys of a special
+        # test's interpreter is the plugin's own, which its parent streams or not)
+        capture = self.config.getoption("capture", "fd")
+        self._sections = capture != "no"
+        self._live = capture == "no" or (capture == "tee-sys" and special_target() is None)
         self._ahead: Job | None = None  # the run whose ranks are being prepared for the next test
         self._next_item: pytest.Item | None = None
         self._order: dict[str, int] = {}  # node id -> its place in the session's items
@@ -447,7 +451,7 @@ class MultirankHooks:
         return None
 
     def _launch(self, item: pytest.Item, job: Job) -> RunWatch:
-        live = live_terminal(self.config) if self._live else None
+        live = (live_terminal(self.config) or (1, 2)) if self._live else None
         watch = RunWatch(
             self.ddp.start_launcher(item.session),
             job,
@@ -483,7 +487,7 @@ class MultirankHooks:
         for r, result in sorted(report.results.items()):
             for when, key, text in result.sections:
                 place(when, f"{key} rank {r}", text)
-        if self._live:
+        if not self._sections:
             return  # it was on the terminal as it was printed
         for r, pieces in sorted(report.phase_outputs.items()):
             for when, out, err in pieces:

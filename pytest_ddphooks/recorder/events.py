@@ -48,7 +48,7 @@ POINT = "point"
 # back, the call has no number (as one that began beside another), and says why.
 RACED = "raced"
 RACED_WHY = (
-    "another thread of the rank began a call on the group before it returned: which of the two the group"
+    "another thread of the rank began a collective on the group before it returned: which of the two the group"
     " took first cannot be told"
 )
 

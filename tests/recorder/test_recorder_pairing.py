@@ -138,7 +138,7 @@ def test_overtaken(rank, recorder):
     tl = recorder.timeline()
     assert seqs(tl, 0, "dist.all_reduce") == [None, None] and seqs(tl, 1, "dist.all_reduce") == [1, 2]
     text = refused(tl, "before@0", "between@1")
-    assert "another thread of the rank began a call on the group before it returned" in text
+    assert "another thread of the rank began a collective on the group before it returned" in text
     assert tl.swimlanes().count("= all_reduce #? (unpaired)") == 2
 """,
     )

@@ -75,8 +75,11 @@ class RankState:
     exit: RankExit | None = None
     last: str = ""  # its last recorded event, for a rank that cannot show its stack
     injected: str = ""  # "killed by the injected fault kill(at=...) at event #14"
-    in_teardown: bool = False  # its body passed (or its test failed: ``test_failed``): it was tearing its fixtures down
+    # its body passed, skipped or xfailed (``body``), or its test failed (``test_failed``): it was
+    # tearing its fixtures down
+    in_teardown: bool = False
     test_failed: bool = False
+    body: str = "passed"  # how its body ended, when it was tearing its fixtures down: "skipped", "xfailed"
     stopped_entering: bool = False  # frozen by an injected stop as it entered ``blocked``, before torch ran it
 
 
@@ -142,7 +145,11 @@ class Verdict:
     failure: RunFailure | None = None
     message: str = ""  # the reason of a skip or an xfail
     location: tuple[str, int] | None = None
-    teardown: RunFailure | None = None  # the test passed, a rank's fixture teardown failed
+    teardown: RunFailure | None = None  # a rank's fixture teardown failed (beside the call's outcome)
+    # what the verdict is when the test's xfail marker expects its failure: the bodies' failures
+    # alone are the call's (``raises`` is checked against them), and what ended the run after
+    # them in a fixture's teardown (a death, a hang) is an error in teardown, judged there
+    expected: Verdict | None = None
 
 
 @dataclass
@@ -483,9 +490,10 @@ def _phase(report: RunReport, cause: str, failures: list[RankFailure], setup_don
 
 
 def _rank_phase(f: RankFailure, setup_done: set[int] | None) -> str | None:
-    """Where one rank failed: its result says; a rank that died without one, what it had
-    reached (None: not known, the call)."""
-    if f.result is not None:
+    """Where one rank failed: its result says (a skip or xfail of its body that it then died
+    after: its teardown); a rank that died without one, what it had reached (None: not known,
+    the call)."""
+    if f.result is not None and (f.result.outcome == "failed" or not f.in_teardown):
         return f.result.phase
     if setup_done is not None and f.rank not in setup_done:
         return "setup"
@@ -510,12 +518,14 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     n = report.world_size
     timeline = report.timeline
     mismatches = timeline.collective_mismatches() if timeline is not None else []
-    # ranks whose test failed, then died, were stopped or taken out by a fault in their
-    # fixtures' teardown; those whose failure was a peer going away failed after it, as ever
-    failed_first = {r: res for r, res in report.failed_before_teardown.items() if r not in report.results}
+    # ranks whose body failed, skipped or xfailed, then died, were stopped or taken out by a
+    # fault in their fixtures' teardown; those whose failure was a peer going away failed after
+    # it, as ever
+    told = {r: res for r, res in report.before_teardown.items() if r not in report.results}
+    failed_first = {r: res for r, res in told.items() if res.outcome == "failed"}
     after_peer = {r for r, res in failed_first.items() if _consequence(report, r, res)}
     died = [r for r in range(n) if report.died(r) and r not in after_peer]
-    results = {**failed_first, **report.results}
+    results = {**told, **report.results}
     failed = sorted(
         r for r, res in results.items() if res.outcome == "failed" and (r in report.results or r not in died)
     )
@@ -530,7 +540,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
             fatal = tuple(fatal_error(err))
             tail = () if fatal else _tail(err)
             result = results.get(r)
-            torn = r in body_passed or r in failed_first
+            torn = r in body_passed or r in told
             failures.append(RankFailure(r, "died", result, ex, fatal=fatal, stderr_tail=tail, in_teardown=torn))
         elif r in failed:
             how = "failed" if r in primary else "consequence"
@@ -559,14 +569,16 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
         states = {r: rank_state(report, r) for r in sorted(report.stopped)}
         culprits = sorted(set(primary) | set(died)) or failed
     states = {
-        r: dataclasses.replace(st, in_teardown=True, test_failed=r in failed_first)
-        if st.state in _STUCK and (r in body_passed or r in failed_first)
+        r: dataclasses.replace(
+            st, in_teardown=True, test_failed=r in failed_first, body=told[r].outcome if r in told else "passed"
+        )
+        if st.state in _STUCK and (r in body_passed or r in told)
         else st
         for r, st in states.items()
     }
     phase = _phase(report, cause, failures, setup_done)
-    if cause in (HANG, STALL) and n and all(_body_passed(report, r, body_passed) for r in range(n)):
-        phase = "teardown"  # every body passed: what never ended was a fixture's teardown
+    if cause in (HANG, STALL) and n and all(_body_ended(report, r, body_passed) for r in range(n)):
+        phase = "teardown"  # no body failed or ran on: what never ended was a fixture's teardown
     failure = RunFailure(
         cause=cause,
         phase=phase,
@@ -601,15 +613,43 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
         ),
     )
     if failure.phase == "teardown" and cause in (FAILURE, DEATH, HANG, STALL):
-        return Verdict("passed", teardown=failure)
-    return Verdict("failed", failure)
+        # the call is what the bodies did (passed, or skipped or xfailed on some ranks)
+        return dataclasses.replace(_quiet_verdict(_bodies(report)), teardown=failure)
+    verdict = Verdict("failed", failure)
+    ended = all(r in report.results or r in body_passed or r in told for r in range(n))
+    if cause in (DEATH, HANG, STALL) and phase == "call" and ended:
+        # every rank that never ended its test was in its teardown: the bodies' failures are
+        # the call, the death or hang an error in teardown, when an xfail expects the failure
+        bodies = _bodies(report)
+        call = classify(RunReport(n, report.limit, results=bodies.results))
+        if call.failure is not None:
+            call.failure.first_failure = report.first_failure
+            verdict.expected = dataclasses.replace(call, teardown=dataclasses.replace(failure, phase="teardown"))
+    return verdict
+
+
+def _bodies(report: RunReport) -> RunReport:
+    """The run as its bodies ended: a rank whose fixture's teardown alone failed, or that was
+    tearing down when it died or was stopped, passed; one that said its body's outcome before
+    its teardown has that outcome."""
+    results = {}
+    for r in range(report.world_size):
+        res = report.results.get(r) or report.before_teardown.get(r)
+        if res is None or (res.outcome == "failed" and res.phase == "teardown"):
+            res = RankResult(r, "passed")
+        results[r] = dataclasses.replace(res, teardown_error=None)
+    return RunReport(report.world_size, report.limit, results=results)
 
 
 def _teardown_after_failure(report: RunReport) -> RunFailure | None:
-    """The error of ranks whose fixtures' teardown failed after their setup or body had:
-    reported at teardown, as pytest reports a failed test's failing finalizer."""
+    """The error of ranks whose fixtures' teardown failed after their setup or body had, or
+    after another rank's had: reported at teardown, as pytest reports a failed test's failing
+    finalizer (the call's failure is the bodies' alone, which an xfail's ``raises`` is checked
+    against)."""
     errors = {r: res.teardown_error for r, res in report.results.items() if res.teardown_error is not None}
-    if not errors:
+    torn = any(res.outcome == "failed" and res.phase == "teardown" for res in report.results.values())
+    bodies = [*report.results.values(), *report.before_teardown.values()]
+    if not errors and not (torn and any(res.outcome == "failed" and res.phase != "teardown" for res in bodies)):
         return None
     errors = {r: dataclasses.replace(res, teardown_error=None) for r, res in errors.items() if res is not None}
     # with them, the ranks whose teardown alone failed
@@ -626,10 +666,11 @@ def _expected(report: RunReport) -> bool:
     return all(done and seen.get(key) == calls for key, (calls, done) in report.timeline.mismatched().items())
 
 
-def _body_passed(report: RunReport, rank: int, body_passed: Set[int]) -> bool:
-    """The rank's body passed: it said so, or it finished the whole test passing."""
-    result = report.results.get(rank)
-    return rank in body_passed or (result is not None and result.outcome == "passed")
+def _body_ended(report: RunReport, rank: int, body_passed: Set[int]) -> bool:
+    """The rank's body ended without failing: it said so (it passed, or it skipped or xfailed
+    before its teardown), or it finished the whole test passing, skipped or xfailed."""
+    result = report.results.get(rank) or report.before_teardown.get(rank)
+    return rank in body_passed or (result is not None and result.outcome in ("passed", "skipped", "xfailed"))
 
 
 def _stalled(report: RunReport, states: dict[int, RankState]) -> dict[int, str]:
@@ -745,7 +786,7 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
         return [f"rank {s.rank}: died ({_exit_words(s.exit)})"]
     where = f", in {s.hooks}" if s.hooks else ""
     if s.in_teardown:
-        where += ", in a fixture's teardown after its " + ("test failed (below)" if s.test_failed else "body passed")
+        where += ", in a fixture's teardown after its " + ("test failed (below)" if s.test_failed else f"body {s.body}")
     head = f"rank {s.rank}: " if stuck else f"rank {s.rank}: {s.reason}; it was "
     lines = []
     if s.state == "frozen":
@@ -890,6 +931,8 @@ def _died_lines(rf: RankFailure) -> list[str]:
         when = " in a fixture's teardown, after its body passed" if rf.in_teardown else " before it could report"
     elif rf.died_after_failing:
         when = " in a fixture's teardown, after its test had failed (below)"
+    elif rf.in_teardown and rf.result.outcome in ("skipped", "xfailed"):
+        when = f" in a fixture's teardown, after its body {rf.result.outcome}"
     lines = [f"rank {rf.rank} died: {_exit_words(rf.exit)}{when}"]
     if getattr(rf.exit, "signal", None) == signal.SIGSEGV and os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL":
         lines.append(f"  {_DETAIL_CRASH}")
@@ -912,7 +955,8 @@ def _summary(f: RunFailure) -> list[str]:
             lines.append(f"  rank {r}: failed: {_first(rf.result.message)}")
             lines.append(f"    then died in fixture teardown ({_exit_words(rf.exit)})")
         elif rf is not None and rf.how == "died":
-            where = " in fixture teardown" if rf.in_teardown and rf.result is None else ""
+            ended = rf.result is None or rf.result.outcome in ("skipped", "xfailed")
+            where = " in fixture teardown" if rf.in_teardown and ended else ""
             lines.append(f"  rank {r}: died{where} ({_exit_words(rf.exit)})")
         elif rf is not None and rf.how == "consequence":
             message = _first(rf.result.message) if rf.result is not None else ""

@@ -16,8 +16,9 @@ from .stacks import Stacks
 PHASES = ("setup", "call", "teardown")
 
 
-# the file of a run's rank where it tells how its test failed before the fixtures' teardown ran
-FAILED_BEFORE_TEARDOWN = "failed"
+# the file of a run's rank where it tells how its body ended (failed, skipped, xfailed) before the
+# fixtures' teardown ran
+BEFORE_TEARDOWN = "before-teardown"
 
 
 @dataclass
@@ -113,9 +114,9 @@ class RunReport:
     limit: float  # the run's time limit, in seconds
     held_allowance: float = 0.0  # seconds added to it for a schedule's holds
     results: dict[int, RankResult] = field(default_factory=dict)
-    # rank -> how its test failed, of a rank that then died or was stopped in its fixtures'
-    # teardown (written before the teardown ran; its result never came)
-    failed_before_teardown: dict[int, RankResult] = field(default_factory=dict)
+    # rank -> how its test failed, skipped or xfailed, of a rank that then died or was stopped in
+    # its fixtures' teardown (written before the teardown ran; its result never came)
+    before_teardown: dict[int, RankResult] = field(default_factory=dict)
     exits: dict[int, RankExit] = field(default_factory=dict)
     stopped: dict[int, str] = field(default_factory=dict)  # rank -> why the harness stopped it
     timed_out: bool = False

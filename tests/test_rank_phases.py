@@ -395,3 +395,288 @@ def test_what_a_rank_logged_in_teardown_is_shown_once(inner) -> None:
     text = ran.result.stdout.str()
     assert text.count("Captured log rank 1 teardown") == 1, text
     assert text.count("fx teardown r1") == 1, text
+
+
+def test_a_skipped_or_xfailed_rank_that_then_dies_in_teardown_keeps_its_outcome_and_errs_in_teardown(inner) -> None:
+    # as pytest says of a plain test whose teardown errs after a skip: skipped (or xfailed), and an error
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture
+        def dies(rank):
+            yield
+            if rank == 1:
+                os._exit(3)
+
+        @pytest.fixture
+        def fine(rank):
+            yield
+
+        @pytest.mark.multirank(world_size=2)
+        def test_skip_then_dies(rank, dies):
+            pytest.skip("not on this machine")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_xfail_then_dies(rank, dies):
+            pytest.xfail("known")
+
+        @pytest.mark.xfail(reason="known by the marker", raises=AssertionError)
+        @pytest.mark.multirank(world_size=2)
+        def test_xfail_marker_then_dies(rank, dies):
+            assert rank < 0, "fails as expected"
+
+        @pytest.mark.multirank(world_size=2)
+        def test_skipped_cleanly(rank, fine):
+            pytest.skip("not on this machine")
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(skipped=2, xfailed=2, errors=3)
+    ran.lines(
+        "*ERROR at teardown of test_skip_then_dies*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: skipped",
+        "  rank 1: died in fixture teardown (exit code 3)",
+        "",
+        "rank 1 died: exit code 3 in a fixture's teardown, after its body skipped",
+    )
+    ran.lines(
+        "*ERROR at teardown of test_xfail_then_dies*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: xfailed",
+        "  rank 1: died in fixture teardown (exit code 3)",
+        "",
+        "rank 1 died: exit code 3 in a fixture's teardown, after its body xfailed",
+    )
+    # the marker expected the body's failure: the death after it is no part of what it expected
+    ran.lines(
+        "*ERROR at teardown of test_xfail_marker_then_dies*",
+        "multirank test failed on ranks 0,1 of 2",
+        "  rank 0: failed: AssertionError: fails as expected*",
+        "  rank 1: failed: AssertionError: fails as expected*",
+        "    then died in fixture teardown (exit code 3)",
+    )
+    ran.lines("SKIPPED [[]1[]] test_inner.py:16: not on this machine")
+    ran.lines("XFAIL test_inner.py::test_xfail_then_dies - known")
+    ran.lines("XFAIL test_inner.py::test_xfail_marker_then_dies - known by the marker")
+    ran.lines("ERROR test_inner.py::test_skip_then_dies - rank 1 died (exit code 3)")
+    ran.lines("ERROR test_inner.py::test_xfail_then_dies - rank 1 died (exit code 3)")
+    ran.lines("ERROR test_inner.py::test_xfail_marker_then_dies - rank 1: AssertionError*")
+    ran.no_lines("*before it could report*")
+    ran.no_lines("ERROR test_inner.py::test_skipped_cleanly*")
+
+
+def test_a_skipped_or_xfailed_rank_that_then_hangs_in_teardown_keeps_its_outcome_and_errs_in_teardown(inner) -> None:
+    ran = inner(
+        """
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def sleeps(rank):
+            yield
+            if rank == 1:
+                time.sleep(60)
+
+        @pytest.fixture
+        def stuck(rank):
+            yield
+            if rank == 1:
+                dist.barrier()  # rank 0 has finished: nobody comes
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_skip_then_hangs(rank, sleeps):
+            pytest.skip("not on this machine")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_xfail_then_stalls(rank, stuck):
+            pytest.xfail("known")
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(skipped=1, xfailed=1, errors=2)
+    ran.lines(
+        "*ERROR at teardown of test_skip_then_hangs*",
+        "hang: the test did not finish within 3 s (2 ranks)",
+        "  rank 0: finished the test body (skipped), then waited for the other ranks",
+        "  rank 1: still running, in a fixture's teardown after its body skipped",
+        "    stuck at test_inner.py:9 in sleeps: time.sleep(60)",
+    )
+    ran.lines(
+        "*ERROR at teardown of test_xfail_then_stalls*",
+        "hang: the ranks were stopped after * s, not at the * s limit: they wait for ranks that finished the test",
+        "*",
+        "  rank 0: finished the test body (xfailed), then waited for the other ranks",
+        "  rank 1: blocked in barrier #1 on the default group for * s, in a fixture's teardown after its body xfailed",
+    )
+    ran.lines("SKIPPED [[]1[]] test_inner.py:19: not on this machine")
+    ran.lines("XFAIL test_inner.py::test_xfail_then_stalls - known")
+
+
+def test_a_skip_on_some_ranks_stays_the_call_beside_another_ranks_teardown_error(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture
+        def closes_badly(rank):
+            yield
+            if rank == 1:
+                raise RuntimeError("could not close on rank 1")
+
+        @pytest.fixture
+        def fine(rank):
+            yield
+
+        @pytest.mark.multirank(world_size=2)
+        def test_some_skip(rank, closes_badly):
+            if rank == 0:
+                pytest.skip("no data on rank 0")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_some_xfail(rank, closes_badly):
+            if rank == 0:
+                pytest.xfail("rank 0 knows it fails")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_some_skip_cleanly(rank, fine):
+            if rank == 0:
+                pytest.skip("no data on rank 0")
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(skipped=2, xfailed=1, errors=2)
+    ran.lines("SKIPPED [[]1[]] test_inner.py:16: no data on rank 0 (on rank 0; the other ranks pas*")
+    ran.lines("XFAIL test_inner.py::test_some_xfail - rank 0 knows it fails (on rank 0; the oth*")
+    ran.lines(
+        "*ERROR at teardown of test_some_skip*",
+        "*rank 1: failed in fixture teardown: RuntimeError: could not close on rank 1*",
+    )
+    ran.lines("ERROR test_inner.py::test_some_skip - rank 1: RuntimeError: could not close*")
+    ran.lines("ERROR test_inner.py::test_some_xfail - rank 1: RuntimeError: could not*")
+    ran.no_lines("PASSED test_inner.py::test_some_skip*")
+    ran.no_lines("ERROR test_inner.py::test_some_skip_cleanly*")
+
+
+def test_an_xfail_marker_judges_another_ranks_teardown_error_at_teardown_as_pytest_does(inner) -> None:
+    # the body's failure is the call's, another rank's teardown error is the teardown's, where
+    # the marker judges it as pytest judges a plain test's: an xfail without raises= takes it too
+    # ("XFAIL at teardown"), one with raises= it does not match leaves it an error
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture
+        def closes_badly(rank):
+            yield
+            if rank == 1:
+                raise RuntimeError("could not close on rank 1")
+
+        @pytest.fixture
+        def dies(rank):
+            yield
+            if rank == 1:
+                os._exit(3)
+
+        @pytest.fixture
+        def closes_badly_plain():
+            yield
+            raise RuntimeError("could not close")
+
+        @pytest.mark.xfail(reason="rank 0 is known to fail")
+        @pytest.mark.multirank(world_size=2)
+        def test_marked(rank, closes_badly):
+            assert rank == 1, "rank 0 fails"
+
+        @pytest.mark.xfail(reason="known to fail")
+        def test_plain_marked(closes_badly_plain):
+            assert False
+
+        @pytest.mark.xfail(reason="rank 0 is known to fail", raises=AssertionError)
+        @pytest.mark.multirank(world_size=2)
+        def test_marked_raises(rank, closes_badly):
+            assert rank == 1, "rank 0 fails"
+
+        @pytest.mark.xfail(reason="known to fail", raises=AssertionError)
+        def test_plain_marked_raises(closes_badly_plain):
+            assert False
+
+        @pytest.mark.xfail(reason="rank 0 is known to fail")
+        @pytest.mark.multirank(world_size=2)
+        def test_marked_then_dies(rank, dies):
+            assert rank == 1, "rank 0 fails"
+
+        @pytest.mark.xfail(reason="rank 0 is known to fail", raises=AssertionError)
+        @pytest.mark.multirank(world_size=2)
+        def test_marked_raises_then_dies(rank, dies):
+            assert rank == 1, "rank 0 fails"
+
+        @pytest.mark.multirank(world_size=2)
+        def test_unmarked(rank, closes_badly):
+            assert rank == 1, "rank 0 fails"
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(xfailed=9, failed=1, errors=4)
+    for name in ("test_marked", "test_plain_marked", "test_marked_then_dies"):
+        ran.lines(f"XFAIL test_inner.py::{name} - *known to fail")
+        ran.lines(f"XFAIL at teardown of test_inner.py::{name} - *known to fail")
+    for name in ("test_marked_raises", "test_plain_marked_raises", "test_marked_raises_then_dies"):
+        ran.lines(f"XFAIL test_inner.py::{name} - *known to fail")
+        ran.no_lines(f"XFAIL at teardown of test_inner.py::{name} *")
+    for name in ("test_marked_raises", "test_unmarked"):
+        ran.lines(
+            f"*ERROR at teardown of {name} *",
+            "multirank test failed on rank 1 of 2",
+            "*rank 1: failed in fixture teardown: RuntimeError: could not close on rank 1*",
+        )
+        ran.lines(f"ERROR test_inner.py::{name} - rank 1: RuntimeError: *")
+    ran.lines("ERROR test_inner.py::test_plain_marked_raises - RuntimeError: could not close")
+    ran.lines(
+        "*ERROR at teardown of test_marked_raises_then_dies*",
+        "multirank test failed on ranks 0,1 of 2",
+        "  rank 0: failed: AssertionError: rank 0 fails*",
+        "  rank 1: died in fixture teardown (exit code 3)",
+    )
+    ran.lines("ERROR test_inner.py::test_marked_raises_then_dies - rank 1 died (exit code 3)*")
+    ran.lines("FAILED test_inner.py::test_unmarked - rank 0: AssertionError: rank 0 fails*")
+    # the call's failure is the body's alone
+    unmarked = ran.text.split("_ test_unmarked _")[1].split("short test summary info")[0]
+    assert "could not close" not in unmarked, unmarked
+
+
+def test_a_body_failure_then_a_death_in_teardown_is_not_restarted(inner) -> None:
+    # a failure is the test's outcome, not a death to restart: the death is its teardown story
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture
+        def dies(rank):
+            yield
+            if rank == 1:
+                os._exit(3)
+
+        @pytest.mark.multirank(world_size=2, restarts=1)
+        def test_then_dies(rank, dies, restart_count):
+            print(f"attempt {restart_count} on rank {rank}")
+            assert rank == 0, "failed in the body first"
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=1)
+    ran.lines(
+        "*_ test_then_dies _*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: passed",
+        "  rank 1: failed: AssertionError: failed in the body first",
+        "    then died in fixture teardown (exit code 3)",
+    )
+    ran.lines("FAILED test_inner.py::test_then_dies - rank 1: AssertionError: failed in the *")
+    ran.no_lines("*attempt 1 on rank*")
+    ran.no_lines("*Captured attempts*")

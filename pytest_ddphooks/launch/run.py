@@ -29,7 +29,7 @@ from ..progress import KILLED, RankProgress
 from ..recorder import events
 from ..recorder.events import EventReader, RawEvent
 from ..recorder.timeline import Timeline
-from ..report import FAILED_BEFORE_TEARDOWN, RankExit, RankResult, RunReport, Stall
+from ..report import BEFORE_TEARDOWN, RankExit, RankResult, RunReport, Stall
 from ..schedule import planned_seconds
 from ..stacks import ASK_NATIVE, ask, dump_stacks, without_harness_frames
 from . import procs, protocol
@@ -405,10 +405,10 @@ class RunWatch:
                 report.phase_outputs[r] = [(phase, o, without_harness_frames(e)) for phase, o, e in pieces]
         for r in range(job.world_size):
             self._read(r)  # what was written since the last look; the rest was read as it came
-            if r not in report.results:  # it died or was stopped: in its teardown, after its test failed?
-                failed = RankResult.read(job.path(r, FAILED_BEFORE_TEARDOWN))
-                if failed is not None:
-                    report.failed_before_teardown[r] = failed
+            if r not in report.results:  # it died or was stopped: in its teardown, after its body ended?
+                ended = RankResult.read(job.path(r, BEFORE_TEARDOWN))
+                if ended is not None:
+                    report.before_teardown[r] = ended
         raw = self._records
         stopped = report.stopped_at_ns
         # what a rank recorded after it was stopped is not the test's: the stack dump's signal

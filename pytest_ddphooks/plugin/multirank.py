@@ -40,6 +40,7 @@ from .notices import warn_at
 from .reports import (
     DebuggedMultirankFailed,
     MultirankFailed,
+    expected_by_xfail,
     fail_with,
     keep_artifacts,
     raise_verdict,
@@ -73,8 +74,18 @@ PREPARED_KEY = pytest.StashKey[bool]()  # the test's ranks were set up before it
 
 
 def _death(report: RunReport) -> bool:
-    """A rank died (killed by a signal, injected or not, or gone before reporting)."""
-    return any(report.died(r) or report.taken_out(r) == "kill" for r in range(report.world_size))
+    """A rank died (killed by a signal, injected or not, or gone before reporting): not one
+    whose test had failed before it died in its teardown, as that failure is the test's
+    outcome (a failure is never restarted)."""
+    return any(
+        (report.died(r) or report.taken_out(r) == "kill") and not _failed_before_teardown(report, r)
+        for r in range(report.world_size)
+    )
+
+
+def _failed_before_teardown(report: RunReport, rank: int) -> bool:
+    told = report.before_teardown.get(rank)
+    return rank not in report.results and told is not None and told.outcome == "failed"
 
 
 class MultirankHooks:
@@ -366,8 +377,6 @@ class MultirankHooks:
                 report, verdict = found
         elif verdict.failure is not None and active.exploration is not None and active.exploration.replay:
             verdict.failure.schedule = [active.exploration.not_replayed()]
-        active.verdict = verdict
-        active.teardown = verdict.teardown
         relay_warnings(item, [w for _, res in sorted(report.results.items()) for w in res.warnings])
         if report.timeline is not None and verdict.outcome == "passed":
             for text in report.timeline.never_waited():
@@ -375,6 +384,13 @@ class MultirankHooks:
         self._output_sections(item, active, report)
         relay_properties(item, report)
         relay_markers(item, report)
+        if verdict.expected is not None and verdict.failure is not None and expected_by_xfail(item, verdict.expected):
+            # the xfail expects the bodies' failure: the death or hang after it is an error in teardown
+            whole, verdict = verdict.failure, verdict.expected
+            if verdict.teardown is not None:
+                verdict.teardown.attempts, verdict.teardown.schedule = whole.attempts, whole.schedule
+        active.verdict = verdict
+        active.teardown = verdict.teardown
         active.exit_request = next((r.exit_request for _, r in sorted(report.results.items()) if r.exit_request), None)
         k = self.ddp.settings.pdb_rank
         if self.ddp.settings.post_mortem and k is not None and verdict.outcome == "failed":

@@ -40,7 +40,7 @@ from ..launch import livelog
 from ..launch.job import Job
 from ..launch.output import capture_bypassed, positions
 from ..launch.rank import RankContext
-from ..report import FAILED_BEFORE_TEARDOWN, RankResult
+from ..report import BEFORE_TEARDOWN, RankResult
 from .livelog import LIVE_LOG, shipping_logs
 from .rankfixtures import RankFixtures, remember_classes, restore_test_state
 
@@ -241,7 +241,7 @@ def _run_body(
         builtins["node_tmp_path"] = Path(node_dir)
     fixtures: RankFixtures | None = None
     error: BaseException | None = None
-    failed_before_teardown: RankResult | None = None
+    ended_before_teardown: RankResult | None = None
     phase = "setup"
     marks: list[tuple[str, int, int]] = []  # where the body's and the teardown's output begin
 
@@ -292,7 +292,7 @@ def _run_body(
             if _wants_post_mortem(ctx, exc):  # --pdb opens on a fixture's error too, as pytest's does
                 assert ctx.debugger is not None
                 ctx.debugger.post_mortem(exc)
-            failed_before_teardown = _told_before_teardown(item, ctx, exc, phase, started, payload.markup)
+            ended_before_teardown = _told_before_teardown(item, ctx, exc, phase, started, payload.markup)
         # as pytest ends a call: what capsys/capfd captured and nobody read is the call's output
         capman = item.config.pluginmanager.getplugin("capturemanager")
         with contextlib.suppress(Exception):
@@ -307,8 +307,8 @@ def _run_body(
     if error is None and teardown_errors:
         error, phase = teardown_errors[0], "teardown"
         teardown_errors = []
-    if failed_before_teardown is not None:
-        result = dataclasses.replace(failed_before_teardown, duration=elapsed)
+    if ended_before_teardown is not None:
+        result = dataclasses.replace(ended_before_teardown, duration=elapsed)
     else:
         result = outcome_of(item, ctx.rank, error, phase, elapsed, payload.markup)
     if teardown_errors:  # as pytest: the test failed or was skipped, its teardown errs
@@ -320,15 +320,13 @@ def _run_body(
 
 def _told_before_teardown(
     item: pytest.Function, ctx: RankContext, exc: BaseException, phase: str, started: float, markup: bool
-) -> RankResult | None:
-    """A failure of the body (or of a fixture's setup), written where the pytest process finds
-    it before the fixtures' teardown runs: a rank that then dies or hangs there still tells how
-    its test failed. The result, or None for an outcome that is no failure (a skip)."""
+) -> RankResult:
+    """How the body (or a fixture's setup) ended: failed, skipped or xfailed, written where the
+    pytest process finds it before the fixtures' teardown runs, so that a rank that then dies or
+    hangs there still tells it (a skip stays the test's outcome, the death an error in teardown)."""
     result = outcome_of(item, ctx.rank, exc, phase, time.monotonic() - started, markup)
-    if result.outcome != "failed":
-        return None
     with contextlib.suppress(OSError):
-        result.write(ctx.job.path(ctx.rank, FAILED_BEFORE_TEARDOWN))
+        result.write(ctx.job.path(ctx.rank, BEFORE_TEARDOWN))
     return result
 
 

@@ -16,7 +16,7 @@ from _pytest._code.code import ReprEntryNative, ReprExceptionInfo, ReprFileLocat
 from _pytest.junitxml import xml_key
 from _pytest.mark.structures import MarkDecorator
 from _pytest.outcomes import Skipped
-from _pytest.skipping import xfailed_key
+from _pytest.skipping import Xfail, evaluate_xfail_marks, xfailed_key
 
 from .. import warning_relay
 from ..failure import FAILURE, Rendered, RunFailure, Verdict, render
@@ -136,8 +136,20 @@ def _expected_failure(item: pytest.Item, exc: MultirankFailed) -> str | None:
     return _xfail_reason(item, exc.errors)
 
 
-def _xfail_reason(item: pytest.Item, errors: list[type[BaseException]]) -> str | None:
-    xfailed = item.stash.get(xfailed_key, None)
+def expected_by_xfail(item: pytest.Item, verdict: Verdict) -> bool:
+    """The test's xfail marker (its own, or one a rank added while it ran) expects the failure
+    of ``verdict``'s call, as pytest will judge it."""
+    if item.config.option.runxfail or verdict.failure is None:
+        return False
+    # pytest evaluates a marker a rank added once the call ends, when the test had none before
+    xfailed = item.stash.get(xfailed_key, None) or evaluate_xfail_marks(item)
+    if xfailed is None:
+        return False
+    return xfailed.raises is None or _xfail_reason(item, _rank_errors(verdict.failure), xfailed) is not None
+
+
+def _xfail_reason(item: pytest.Item, errors: list[type[BaseException]], xfailed: Xfail | None = None) -> str | None:
+    xfailed = xfailed or item.stash.get(xfailed_key, None)
     if xfailed is None or xfailed.raises is None or item.config.option.runxfail or not errors:
         return None
     raises = xfailed.raises
@@ -232,8 +244,9 @@ def keep_artifacts(item: pytest.Item, report: RunReport, verdict: Verdict, setti
             started_ns=report.started_ns if report.prepared else 0,
             stopped_ns=report.stopped_at_ns,
         )
-    failed = verdict.failure or verdict.teardown  # an error in teardown is a failed run too
-    if failed is not None and not _xfails(item, verdict):
+    # an error in teardown is a failed run too, also beside a failure an xfail expects
+    failed = verdict.failure if verdict.failure is not None and not _xfails(item, verdict) else verdict.teardown
+    if failed is not None:
         failed.trace = write_trace(item, report, settings) or failed.trace
 
 

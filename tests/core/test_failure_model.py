@@ -267,6 +267,56 @@ def test_a_fixture_teardown_that_fails_after_a_passing_body_leaves_the_test_pass
     assert "error in fixture teardown inside the rank" in render(verdict.teardown).text
 
 
+def test_a_rank_that_skipped_then_died_in_teardown_keeps_the_skip_and_errs_in_teardown() -> None:
+    skipped = RankResult(1, "skipped", message="Skipped: no data", location=("test_x.py", 3))
+    report = _report(
+        results={0: RankResult(0, "skipped", message="Skipped: no data", location=("test_x.py", 3))},
+        before_teardown={1: skipped},
+        exits={1: RankExit(1, 101, 3, None)},
+    )
+    verdict = classify(report, setup_done={0, 1})
+    assert (verdict.outcome, verdict.message, verdict.failure) == ("skipped", "Skipped: no data", None)
+    torn = verdict.teardown
+    assert torn is not None and (torn.cause, torn.phase, torn.culprits) == (DEATH, "teardown", [1])
+    lines = render(torn).text.splitlines()
+    assert lines[:3] == [
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: skipped",
+        "  rank 1: died in fixture teardown (exit code 3)",
+    ]
+    assert "rank 1 died: exit code 3 in a fixture's teardown, after its body skipped" in lines
+
+
+def test_a_skip_on_some_ranks_stays_the_call_beside_another_ranks_teardown_error() -> None:
+    skipped = RankResult(0, "skipped", message="Skipped: no data", location=("test_x.py", 3))
+    verdict = classify(_report(results={0: skipped, 1: _failed(1, "RuntimeError: close", phase="teardown")}))
+    assert (verdict.outcome, verdict.message) == ("skipped", "Skipped: no data (on rank 0; the other ranks passed)")
+    assert verdict.teardown is not None and verdict.teardown.culprits == [1]
+
+
+def test_a_body_failure_and_another_ranks_teardown_error_are_the_call_and_the_teardown() -> None:
+    results = {0: _failed(0, "assert 0 == 1"), 1: _failed(1, "RuntimeError: close", phase="teardown")}
+    verdict = classify(_report(results=results, first_failure=0))
+    assert verdict.failure is not None and verdict.failure.culprits == [0]
+    assert verdict.teardown is not None and verdict.teardown.culprits == [1]
+    assert "RuntimeError" not in render(verdict.failure).text
+
+
+def test_a_failure_then_a_death_in_teardown_is_the_call_or_under_an_xfail_a_teardown_error() -> None:
+    report = _report(
+        results={0: _passed(0)}, before_teardown={1: _failed(1, "assert 1 == 0")}, exits={1: RankExit(1, 101, 3, None)}
+    )
+    verdict = classify(report, setup_done={0, 1})
+    f = verdict.failure
+    assert f is not None and (f.cause, f.phase) == (DEATH, "call") and verdict.teardown is None
+    # what an xfail marker expecting the failure makes of it: the body's failure, then the death
+    expected = verdict.expected
+    assert expected is not None and expected.failure is not None and expected.teardown is not None
+    assert (expected.failure.cause, expected.failure.culprits) == (FAILURE, [1])
+    assert (expected.teardown.cause, expected.teardown.phase) == (DEATH, "teardown")
+    assert "    then died in fixture teardown (exit code 3)" in render(expected.teardown).text
+
+
 def test_skips_and_xfails_merge_across_ranks() -> None:
     skipped = RankResult(1, "skipped", message="Skipped: no data", location=("test_x.py", 3))
     verdict = classify(_report(results={0: _passed(0), 1: skipped}))

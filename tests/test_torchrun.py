@@ -534,6 +534,31 @@ def test_pytest_timeouts_limit_and_a_rank_that_skipped_under_torchrun(pytester: 
     assert "  finished the test body (skipped: Skipped: no data on rank 1), then waited for the other ranks" in out
 
 
+def test_a_marker_one_rank_adds_is_every_ranks_under_torchrun_too(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_marked="""
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_rank1_expects_the_failure(rank, request):
+            if rank == 1:
+                request.applymarker(pytest.mark.xfail(reason="known on rank 1", raises=AssertionError))
+            dist.barrier()
+            assert False, f"broken on rank {rank}"
+
+        @pytest.mark.multirank(world_size=2)
+        def test_no_marker(rank):
+            assert rank == 1
+        """
+    )
+    code, out, _ = torchrun(pytester.path, "-rxf")
+    assert code != 0, out
+    # rank 0 added no marker, yet judges the test by rank 1's, as the pytest process does without torchrun
+    assert out.count("= 1 failed, 1 xfailed") == 1, out
+    assert "XFAIL test_marked.py::test_rank1_expects_the_failure - known on rank 1" in out, out
+
+
 def test_a_rank_that_dies_still_lets_rank_0_report_in_the_time_torchrun_gives(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_die="""

@@ -143,7 +143,7 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
         result = _run_body(item, payload, ctx, log_phase)
     result.mismatches_checked = ctx.recorder.mismatches_checked
     junit_recorded(item, had, result)
-    result.markers = _added_markers(item, marked)
+    result.markers = added_markers(item, marked)
     result.warnings = warning_relay.unique(log.caught)
     result.sections = [
         (when, key, text) for when, key, text in getattr(item, "_report_sections", []) if key == "log" and text
@@ -151,7 +151,7 @@ def run_in_rank(job: Job, ctx: RankContext) -> RankResult:
     return result
 
 
-def _added_markers(item: pytest.Item, had: int) -> list[bytes]:
+def added_markers(item: pytest.Item, had: int) -> list[bytes]:
     """What the rank's fixtures and body added to the test (``request.node.add_marker(xfail)``),
     for the pytest process to judge the test by, as pytest does; one that cannot be pickled
     stays here."""

@@ -51,8 +51,8 @@ from ..spmd import (
 from ..stacks import format_stack, parse_stacks, user_frame
 from . import page
 from .markers import RUN_KEY, gpus
-from .rankbody import junit_mark, junit_recorded, outcome_of
-from .reports import fail_with, keep_artifacts, raise_verdict, relay_properties, write_trace
+from .rankbody import added_markers, junit_mark, junit_recorded, outcome_of
+from .reports import fail_with, keep_artifacts, raise_verdict, relay_markers, relay_properties, write_trace
 from .session import DdpSession
 from .terminal import terminal_markup
 
@@ -532,6 +532,7 @@ class SpmdHooks:
         started = time.monotonic()
         self._call_began = (time.time(), started)  # what a hung test's report says it lasted
         had = junit_mark(item)
+        marked = len(item.own_markers)
         error: BaseException | None = None
         try:
             yield
@@ -554,6 +555,7 @@ class SpmdHooks:
         result.sections.extend(_captured_output(item))  # every rank's is shown on rank 0, labelled
         result.mismatches_checked = recorder.mismatches_checked
         junit_recorded(item, had, result)  # rank 0 writes the junit report: every rank's properties
+        result.markers = added_markers(item, marked)  # an xfail one rank added is every rank's
         if error is not None:
             # a failed body's frames hold what it made (a group of its own, with its sockets):
             # the result has what it needed of them
@@ -616,6 +618,7 @@ class SpmdHooks:
         if self.rank == 0:  # the one that reports: the page, the traces and the junit file are its
             keep_artifacts(item, report, verdict, self.ddp.settings)
             relay_properties(item, report)
+        relay_markers(item, report)  # every rank judges the test by the same markers
         if verdict.outcome == "failed":
             self.group_ok = False  # a failed test may leave the group broken: a fresh one next
         requests = [res.exit_request for _, res in sorted(report.results.items()) if res.exit_request is not None]

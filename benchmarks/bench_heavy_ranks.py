@@ -1,6 +1,6 @@
 """Per-test cost of 2-rank tests whose ranks make many lasting Python objects (a model, a
 Trainer), with the ranks' collector leaving the fork server's objects alone (the default:
-``launch/inherited_heap.py``) and without (``DDPHOOKS_FREEZE_INHERITED=0``).
+``launch/inherited_heap.py``) and without (``--ddp-freeze-inherited=off``).
 
 A rank forked from the fork server shares its heap (torch and the test modules, about 200,000
 objects); a collection of the oldest generation in the rank visits all of them and copies the
@@ -38,7 +38,7 @@ BODIES = {
     ),
 }
 
-MODES = {"frozen": "1", "not frozen": "0"}
+MODES = {"frozen": "on", "not frozen": "off"}
 
 
 def main() -> None:
@@ -62,7 +62,7 @@ def main() -> None:
         for r, name in interleaved(repeats, names):
             mode, k, c = name.split("|")
             progress(f"round {r + 1}/{repeats}: {mode}, {list(BODIES)[int(k)]}, {c} tests")
-            s = suite.run_ok(f"test_heavy_{k}_{c}.py", expect=int(c), env={"DDPHOOKS_FREEZE_INHERITED": MODES[mode]})
+            s = suite.run_ok(f"test_heavy_{k}_{c}.py", f"--ddp-freeze-inherited={MODES[mode]}", expect=int(c))
             walls.setdefault((mode, int(k), int(c)), []).append(s.wall)
             cpus.setdefault((mode, int(k), int(c)), []).append(s.cpu)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 INHERITED = """
 import gc
+import pickle
 import weakref
 
 import pytest
@@ -37,6 +38,8 @@ def test_frozen_then_given_back(rank):
     assert any(o is KEPT for o in gc.get_objects())  # puts them back first
     assert inherited_heap._original["get_freeze_count"]() == 0
     assert globals() in gc.get_referrers(KEPT)
+    # named as the functions they stand for: found, and pickled, by that name
+    assert pickle.loads(pickle.dumps(gc.collect)) is gc.collect and gc.collect.__name__ == "collect"
 
 
 @pytest.mark.multirank(world_size=2)
@@ -63,8 +66,7 @@ def test_the_tests_own_freeze_acts_as_it_would(rank):
     ran.result.assert_outcomes(passed=3)
 
 
-def test_turned_off_by_the_environment(inner, monkeypatch) -> None:
-    monkeypatch.setenv("DDPHOOKS_FREEZE_INHERITED", "0")
+def test_turned_off_by_the_option(inner) -> None:
     ran = inner(
         INHERITED
         + """
@@ -72,7 +74,8 @@ def test_turned_off_by_the_environment(inner, monkeypatch) -> None:
 def test_nothing_frozen(rank):
     assert not inherited_heap._original and not inherited_heap._ours
     assert gc.get_freeze_count() == 0
-"""
+""",
+        "--ddp-freeze-inherited=off",
     )
     ran.result.assert_outcomes(passed=1)
 

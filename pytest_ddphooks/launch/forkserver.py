@@ -96,7 +96,6 @@ class ForkServer:
         from ..recorder import distpatch
 
         distpatch.install()
-        inherited_heap.install()
 
     def compact_memory(self) -> None:
         """Move this process's memory into huge pages before the first fork: forking a rank

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..report import RankExit
-from . import protocol
+from . import inherited_heap, protocol
 from .forkserver import BodyFactory, ForkServer
 from .job import Job
 
@@ -28,10 +28,12 @@ class Launcher:
         coverage_config: str | None = None,
         compact_memory: bool = False,
         bypass: tuple[int, int] | None = None,  # stdout and stderr uncaptured (capsys.disabled())
+        freeze_inherited: bool = True,
     ) -> None:
         self._body_factory = body_factory
         self._bypass = bypass
         self._compact_memory = compact_memory
+        self._freeze_inherited = freeze_inherited
         self._preload = preload
         self._log_path = log_path
         self._coverage_config = coverage_config
@@ -55,6 +57,8 @@ class Launcher:
                 server.measure_ranks(self._coverage_config)
                 if self._compact_memory:
                     server.compact_memory()
+                if self._freeze_inherited:
+                    inherited_heap.install()
                 server.serve()
             except BaseException:
                 code = 1

@@ -99,6 +99,15 @@ OPTIONS = (
         choices=("on", "off"),
     ),
     Option(
+        "ddp_freeze_inherited",
+        "--ddp-freeze-inherited",
+        "ranks leave the objects they inherit from the fork server out of the collections the"
+        " interpreter starts by itself (gc.freeze): on (default) or off; gc.get_objects, gc.get_referrers"
+        " and gc.collect() still see the whole heap",
+        "on",
+        choices=("on", "off"),
+    ),
+    Option(
         "ddp_preload",
         "",
         "modules the rank launcher imports before it forks ranks, one per line (torch and"

@@ -105,6 +105,7 @@ class DdpSession:
                 # moving its memory into huge pages costs about 0.4 s of CPU once and saves
                 # several ms per run: worth it for more than a few runs
                 compact_memory=expected_runs >= COMPACT_MEMORY_RUNS,
+                freeze_inherited=self.settings.freeze_inherited,
             )
             self.launcher.start()
         return self.launcher

@@ -35,6 +35,7 @@ class Settings:
     explore: int = 0  # schedules to explore after each multirank test passes
     schedule: int | None = None  # the one schedule to run each multirank test under
     prepare: bool = True  # set up the next multirank test's ranks while a test runs
+    freeze_inherited: bool = True  # a rank's own collections skip what it inherited (launch/inherited_heap.py)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -53,6 +54,7 @@ class Settings:
             explore=_explore(config),
             schedule=_schedule(config),
             prepare=_choice(config, "ddp_prepare", ("on", "off")) == "on",
+            freeze_inherited=_choice(config, "ddp_freeze_inherited", ("on", "off")) == "on",
         )
         if settings.spmd and (settings.explore or settings.schedule is not None):
             flag = "--ddp-explore" if settings.explore else "--ddp-schedule"

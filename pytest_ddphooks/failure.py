@@ -75,11 +75,13 @@ class RankState:
     exit: RankExit | None = None
     last: str = ""  # its last recorded event, for a rank that cannot show its stack
     injected: str = ""  # "killed by the injected fault kill(at=...) at event #14"
-    # its body passed, skipped or xfailed (``body``), or its test failed (``test_failed``): it was
+    # its body passed, skipped or xfailed (``ended``), or its test failed (``test_failed``): it was
     # tearing its fixtures down
     in_teardown: bool = False
     test_failed: bool = False
-    body: str = "passed"  # how its body ended, when it was tearing its fixtures down: "skipped", "xfailed"
+    # how its test ended, when it was tearing its fixtures down: "body skipped", "setup skipped"
+    # (a skip in a fixture's setup)
+    ended: str = "body passed"
     stopped_entering: bool = False  # frozen by an injected stop as it entered ``blocked``, before torch ran it
 
 
@@ -137,6 +139,10 @@ class RunFailure:
     attempts: list[str] = field(default_factory=list)  # how each earlier attempt ended (restarts)
     schedule: list[str] = field(default_factory=list)  # the schedule it failed under (--ddp-explore)
     holds: list[str] = field(default_factory=list)  # where that schedule held which rank
+    # rank -> the phase of the other report of the test that holds its failure: beside a body's
+    # failure (the call's), a rank whose fixture's teardown alone failed is the teardown's, and
+    # the other way round; each report names the rank so, not as passed
+    beside: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -490,10 +496,12 @@ def _phase(report: RunReport, cause: str, failures: list[RankFailure], setup_don
 
 
 def _rank_phase(f: RankFailure, setup_done: set[int] | None) -> str | None:
-    """Where one rank failed: its result says (a skip or xfail of its body that it then died
-    after: its teardown); a rank that died without one, what it had reached (None: not known,
+    """Where one rank failed: its result says (a skip or xfail, of its body or in a fixture's
+    setup, that it then died after: its teardown); a rank that died without one, what it had reached (None: not known,
     the call)."""
-    if f.result is not None and (f.result.outcome == "failed" or not f.in_teardown):
+    if f.result is not None and f.result.outcome != "failed" and f.in_teardown:
+        return "teardown"  # a skip (of its body, or in a fixture's setup) is the call's; the death came after it
+    if f.result is not None:
         return f.result.phase
     if setup_done is not None and f.rank not in setup_done:
         return "setup"
@@ -504,17 +512,9 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     """The verdict of a run. ``setup_done``: the ranks known to have set up their fixtures
     (None when the run does not say), to tell a failure during setup from one in the call;
     ``body_passed``: those whose body passed, so that dying then was in a fixture's teardown."""
-    teardown = _teardown_after_failure(report)
-    if teardown is not None:
-        # the ranks whose teardown alone failed are the teardown's error, not the call's failure
-        calls = {
-            r: dataclasses.replace(res, outcome="passed", longrepr="", message="", phase="call", teardown_error=None)
-            if res.outcome == "failed" and res.phase == "teardown"
-            else dataclasses.replace(res, teardown_error=None)
-            for r, res in report.results.items()
-        }
-        verdict = classify(dataclasses.replace(report, results=calls), setup_done, body_passed)
-        return dataclasses.replace(verdict, teardown=verdict.teardown or teardown)
+    split = _teardown_apart(report, setup_done, body_passed)
+    if split is not None:
+        return split
     n = report.world_size
     timeline = report.timeline
     mismatches = timeline.collective_mismatches() if timeline is not None else []
@@ -569,9 +569,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
         states = {r: rank_state(report, r) for r in sorted(report.stopped)}
         culprits = sorted(set(primary) | set(died)) or failed
     states = {
-        r: dataclasses.replace(
-            st, in_teardown=True, test_failed=r in failed_first, body=told[r].outcome if r in told else "passed"
-        )
+        r: dataclasses.replace(st, in_teardown=True, test_failed=r in failed_first, ended=_ended(told.get(r)))
         if st.state in _STUCK and (r in body_passed or r in told)
         else st
         for r, st in states.items()
@@ -641,21 +639,94 @@ def _bodies(report: RunReport) -> RunReport:
     return RunReport(report.world_size, report.limit, results=results)
 
 
-def _teardown_after_failure(report: RunReport) -> RunFailure | None:
-    """The error of ranks whose fixtures' teardown failed after their setup or body had, or
-    after another rank's had: reported at teardown, as pytest reports a failed test's failing
-    finalizer (the call's failure is the bodies' alone, which an xfail's ``raises`` is checked
-    against)."""
+def _ended(result: RankResult | None) -> str:
+    """How a rank's test ended before its fixtures' teardown: ``body passed``, ``body xfailed``,
+    ``setup skipped`` (a skip in a fixture's setup: no body ran)."""
+    if result is None:
+        return "body passed"
+    return f"{'setup' if result.phase == 'setup' else 'body'} {result.outcome}"
+
+
+def _teardown_apart(report: RunReport, setup_done: set[int] | None, body_passed: Set[int]) -> Verdict | None:
+    """The verdict of a run where fixtures' teardown failed beside what the bodies did, as pytest
+    reports a plain test's failing finalizer: the call is what the bodies (or fixtures' setup)
+    did, the teardown's error is that of the ranks whose teardown failed after their body or
+    setup had failed or skipped, or after another rank's body had failed (an exception, or a
+    death after the rank's body ended well). A rank whose teardown error is a peer going away
+    after another rank's failure stays that failure's consequence, in the call. None: nothing to
+    part. Each report names the ranks whose failure the other holds (``RunFailure.beside``)."""
+    n = report.world_size
+    told = {r: res for r, res in report.before_teardown.items() if r not in report.results}
+    ended = {**told, **report.results}
+    own = [
+        r
+        for r, res in ended.items()
+        if res.outcome == "failed" and res.phase != "teardown" and not _consequence(report, r, res)
+    ]
     errors = {r: res.teardown_error for r, res in report.results.items() if res.teardown_error is not None}
-    torn = any(res.outcome == "failed" and res.phase == "teardown" for res in report.results.values())
-    bodies = [*report.results.values(), *report.before_teardown.values()]
-    if not errors and not (torn and any(res.outcome == "failed" and res.phase != "teardown" for res in bodies)):
+    alone = {
+        r: res
+        for r, res in report.results.items()
+        if res.outcome == "failed" and res.phase == "teardown" and not (own and _consequence(report, r, res))
+    }
+    # a rank that died in its teardown after its body passed, skipped or xfailed (a hang is one
+    # story of every rank: it stays whole)
+    dead = [
+        r
+        for r in range(n)
+        if r not in report.results
+        and report.died(r)
+        and not report.stuck
+        and (r in body_passed or (r in told and told[r].outcome != "failed"))
+    ]
+    if not errors and not ((alone or dead) and own):
         return None
-    errors = {r: dataclasses.replace(res, teardown_error=None) for r, res in errors.items() if res is not None}
-    # with them, the ranks whose teardown alone failed
-    errors.update((r, res) for r, res in report.results.items() if res.outcome == "failed" and res.phase == "teardown")
-    results = {r: errors.get(r) or RankResult(r, "passed") for r in range(report.world_size)}
-    return classify(RunReport(report.world_size, report.limit, results=results)).teardown
+    calls = {
+        r: dataclasses.replace(res, outcome="passed", longrepr="", message="", phase="call", teardown_error=None)
+        if r in alone
+        else dataclasses.replace(res, teardown_error=None)
+        for r, res in report.results.items()
+    }
+    calls.update((r, told.get(r) or RankResult(r, "passed")) for r in dead)
+    call = classify(
+        dataclasses.replace(
+            report,
+            results=calls,
+            before_teardown={r: res for r, res in report.before_teardown.items() if r not in dead},
+            exits={r: ex for r, ex in report.exits.items() if r not in dead},
+            # a rank that had finished, stopped as the run ended at a death: the teardown's story
+            stopped={r: why for r, why in report.stopped.items() if r not in report.results or not dead},
+        ),
+        setup_done,
+        body_passed,
+    )
+    torn = {**{r: err for r, err in errors.items() if err is not None}, **alone}
+    # the other ranks as their bodies ended; one whose body failed passed as far as the teardown goes
+    others = {r: dataclasses.replace(res, teardown_error=None) for r, res in calls.items() if r not in torn}
+    results = {
+        **{r: RankResult(r, "passed") if res.outcome == "failed" else res for r, res in others.items()},
+        **torn,
+    }
+    apart = RunReport(
+        n,
+        report.limit,
+        results={r: res for r, res in results.items() if r not in dead},
+        before_teardown={r: res for r, res in told.items() if r in dead},
+        exits={r: ex for r, ex in report.exits.items() if r in dead},
+        outputs=report.outputs,
+        timeline=report.timeline if dead else None,
+        duration=report.duration,
+    )
+    held = classify(apart, setup_done, body_passed)
+    teardown = held.teardown or held.failure
+    assert teardown is not None
+    teardown.phase = "teardown"
+    if call.failure is not None:
+        failing = {rf.rank for rf in call.failure.failures}
+        torn_down = {rf.rank for rf in teardown.failures}
+        teardown.beside = {r: call.failure.phase for r in failing - torn_down}
+        call.failure.beside = {r: "teardown" for r in torn_down - failing}
+    return dataclasses.replace(call, teardown=call.teardown or teardown)
 
 
 def _expected(report: RunReport) -> bool:
@@ -786,7 +857,7 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
         return [f"rank {s.rank}: died ({_exit_words(s.exit)})"]
     where = f", in {s.hooks}" if s.hooks else ""
     if s.in_teardown:
-        where += ", in a fixture's teardown after its " + ("test failed (below)" if s.test_failed else f"body {s.body}")
+        where += ", in a fixture's teardown after its " + ("test failed (below)" if s.test_failed else s.ended)
     head = f"rank {s.rank}: " if stuck else f"rank {s.rank}: {s.reason}; it was "
     lines = []
     if s.state == "frozen":
@@ -932,7 +1003,7 @@ def _died_lines(rf: RankFailure) -> list[str]:
     elif rf.died_after_failing:
         when = " in a fixture's teardown, after its test had failed (below)"
     elif rf.in_teardown and rf.result.outcome in ("skipped", "xfailed"):
-        when = f" in a fixture's teardown, after its body {rf.result.outcome}"
+        when = f" in a fixture's teardown, after its {_ended(rf.result)}"
     lines = [f"rank {rf.rank} died: {_exit_words(rf.exit)}{when}"]
     if getattr(rf.exit, "signal", None) == signal.SIGSEGV and os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL":
         lines.append(f"  {_DETAIL_CRASH}")
@@ -967,11 +1038,22 @@ def _summary(f: RunFailure) -> list[str]:
         elif rf is not None and rf.result is not None:
             where = "" if rf.result.phase == "call" else f" in fixture {rf.result.phase}"
             lines.append(f"  rank {r}: failed{where}: {_first(rf.result.message)}")
+        elif r in f.beside:
+            lines.append(f"  rank {r}: {_beside_words(f.beside[r], f.outcomes.get(r, 'passed'))}")
         elif r in f.outcomes:
             lines.append(f"  rank {r}: {f.outcomes[r]}")
         elif r in f.ranks:
             lines.extend("  " + ln for ln in describe_state(f.ranks[r], stuck=False))
     return lines
+
+
+def _beside_words(phase: str, outcome: str) -> str:
+    """A rank whose failure the test's other report holds (at ``phase``), as this one names it."""
+    if phase == "teardown":
+        return f"body {outcome}; its fixture teardown failed (see the error at teardown)"
+    if phase == "setup":
+        return "its fixture setup failed (see the error at setup)"
+    return "its body failed (see the call)"
 
 
 def _message(f: RunFailure) -> tuple[str, tuple[str, int] | None]:

@@ -36,7 +36,8 @@ class RankResult:
     duration: float = 0.0
     leaks: list[tuple[int, str]] = field(default_factory=list)  # (pid, command) left running, killed
     harness_error: bool = False  # the failure came from setting the rank up, not the test
-    phase: str = "call"  # where a failure happened: fixture "setup", the body ("call"), "teardown"
+    # where a failure (or a skip, an xfail) happened: fixture "setup", the body ("call"), "teardown"
+    phase: str = "call"
     warnings: list[dict[str, Any]] = field(default_factory=list)  # warning_relay's wire form
     sections: list[tuple[str, str, str]] = field(default_factory=list)  # (when, key, text): captured logs
     highlights: list[dict[str, Any]] = field(default_factory=list)  # events a timeline assertion named

@@ -638,8 +638,8 @@ def test_an_xfail_marker_judges_another_ranks_teardown_error_at_teardown_as_pyte
     ran.lines("ERROR test_inner.py::test_plain_marked_raises - RuntimeError: could not close")
     ran.lines(
         "*ERROR at teardown of test_marked_raises_then_dies*",
-        "multirank test failed on ranks 0,1 of 2",
-        "  rank 0: failed: AssertionError: rank 0 fails*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: its body failed (see the call)",
         "  rank 1: died in fixture teardown (exit code 3)",
     )
     ran.lines("ERROR test_inner.py::test_marked_raises_then_dies - rank 1 died (exit code 3)*")
@@ -680,3 +680,228 @@ def test_a_body_failure_then_a_death_in_teardown_is_not_restarted(inner) -> None
     ran.lines("FAILED test_inner.py::test_then_dies - rank 1: AssertionError: failed in the *")
     ran.no_lines("*attempt 1 on rank*")
     ran.no_lines("*Captured attempts*")
+
+
+def test_an_xfail_with_raises_judges_another_ranks_teardown_error_by_its_type_as_pytest_does(inner) -> None:
+    # pytest checks raises= against a plain test's teardown exception too: each multirank test
+    # ends as its plain twin, the rank's teardown error being the twin's
+    ran = inner(
+        """
+        import pytest
+
+        @pytest.fixture
+        def closes_badly(rank):
+            yield
+            if rank == 1:
+                raise RuntimeError("could not close on rank 1")
+
+        @pytest.fixture
+        def closes_badly_plain():
+            yield
+            raise RuntimeError("could not close")
+
+        known = pytest.mark.xfail(reason="known", raises=RuntimeError)
+
+        @known
+        @pytest.mark.multirank(world_size=2)
+        def test_raises_beside(rank, closes_badly):
+            if rank == 0:
+                raise RuntimeError("body")
+
+        @known
+        def test_plain_raises(closes_badly_plain):
+            raise RuntimeError("body")
+
+        @known
+        @pytest.mark.multirank(world_size=2)
+        def test_asserts_beside(rank, closes_badly):
+            assert rank == 1, "rank 0 fails"
+
+        @known
+        def test_plain_asserts(closes_badly_plain):
+            assert False, "fails"
+
+        @known
+        @pytest.mark.multirank(world_size=2)
+        def test_passes_beside(rank, closes_badly):
+            pass
+
+        @known
+        def test_plain_passes(closes_badly_plain):
+            pass
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(xfailed=8, failed=2, xpassed=2)
+    for name in ("test_raises_beside", "test_plain_raises"):
+        ran.lines(f"XFAIL test_inner.py::{name} - known")
+    for name in ("test_asserts_beside", "test_plain_asserts"):
+        ran.lines(f"FAILED test_inner.py::{name} - *AssertionError*")
+    for name in ("test_passes_beside", "test_plain_passes"):
+        ran.lines(f"XPASS test_inner.py::{name} - known")
+    for name in ("raises_beside", "plain_raises", "asserts_beside", "plain_asserts", "passes_beside", "plain_passes"):
+        ran.lines(f"XFAIL at teardown of test_inner.py::test_{name} - known")
+    ran.no_lines("ERROR *")
+
+
+def test_a_body_failure_beside_another_ranks_teardown_error_names_each_rank_truthfully_in_both(inner) -> None:
+    ran = inner(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def closes_badly(rank):
+            yield
+            if rank == 1:
+                raise RuntimeError("could not close on rank 1")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fail_beside_error(rank, closes_badly):
+            assert rank == 1, "rank 0 fails"
+
+        @pytest.fixture
+        def group_td(rank):
+            yield
+            if rank == 1:
+                dist.barrier()  # rank 0 left after its failure: nobody comes
+            else:
+                dist.destroy_process_group()
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fail_then_peer_gone_in_teardown(rank, group_td):
+            assert rank == 1, "rank 0 fails"
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=2, errors=1)
+    ran.lines(
+        "*ERROR at teardown of test_fail_beside_error*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: its body failed (see the call)",
+        "  rank 1: failed in fixture teardown: RuntimeError: could not close on rank 1",
+    )
+    ran.lines(
+        "*_ test_fail_beside_error _*",
+        "multirank test failed on rank 0 of 2",
+        "  rank 0: failed: AssertionError: rank 0 fails",
+        "  rank 1: body passed; its fixture teardown failed (see the error at teardown)",
+    )
+    # rank 1's teardown error is a consequence of rank 0's failure: one failure, told as ever
+    ran.lines(
+        "*_ test_fail_then_peer_gone_in_teardown _*",
+        "multirank test failed on rank 0 of 2",
+        "  rank 0: failed: AssertionError: rank 0 fails",
+        "  rank 1: failed after rank 0, because its peer went away: RuntimeError: *",
+        "    at test_inner.py:* in group_td: dist.barrier()*",
+    )
+    section = ran.text.split("_ test_fail_then_peer_gone_in_teardown _")[1].split("short test summary info")[0]
+    assert "recorded timeline:" in section, section
+    ran.no_lines("*ERROR at teardown of test_fail_then_peer_gone_in_teardown*")
+    ran.no_lines("  rank ?: passed")
+
+
+def test_a_skip_in_a_fixtures_setup_then_a_death_in_teardown_is_skipped_and_an_error_in_teardown(inner) -> None:
+    # as the plain twin: SKIPPED, and an ERROR at teardown
+    ran = inner(
+        """
+        import os
+        import time
+        import pytest
+
+        @pytest.fixture
+        def dies(rank):
+            yield
+            if rank == 1:
+                os._exit(3)
+
+        @pytest.fixture
+        def sleeps(rank):
+            yield
+            if rank == 1:
+                time.sleep(60)
+
+        @pytest.fixture
+        def skips_on_1(rank):
+            if rank == 1:
+                pytest.skip("setup skip on rank 1")
+            yield
+
+        @pytest.mark.multirank(world_size=2)
+        def test_setup_skip_then_death(rank, dies, skips_on_1):
+            pass
+
+        @pytest.mark.multirank(world_size=2, timeout=3)
+        def test_setup_skip_then_hang(rank, sleeps, skips_on_1):
+            pass
+
+        @pytest.fixture
+        def errs():
+            yield
+            raise RuntimeError("teardown")
+
+        @pytest.fixture
+        def skips():
+            pytest.skip("setup skip")
+
+        def test_plain_twin(errs, skips):
+            pass
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(skipped=3, errors=3)
+    ran.lines("SKIPPED [[]2[]] test_inner.py:*: setup skip on rank 1 (on rank 1; the other ranks passed)")
+    ran.lines(
+        "*ERROR at teardown of test_setup_skip_then_death*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: passed",
+        "  rank 1: died in fixture teardown (exit code 3)",
+        "",
+        "rank 1 died: exit code 3 in a fixture's teardown, after its setup skipped",
+    )
+    ran.lines(
+        "*ERROR at teardown of test_setup_skip_then_hang*",
+        "hang: the test did not finish within 3 s (2 ranks)",
+        "*",
+        "  rank 1: still running, in a fixture's teardown after its setup skipped",
+    )
+    ran.lines("ERROR test_inner.py::test_setup_skip_then_death - rank 1 died (exit code 3)")
+    ran.no_lines("*ERROR at setup of test_setup_skip_then_*")
+    ran.no_lines("*body skipped*")
+
+
+def test_a_death_in_teardown_beside_another_ranks_body_failure_is_the_teardowns_error(inner) -> None:
+    ran = inner(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture
+        def dies(rank):
+            yield
+            if rank == 1:
+                os._exit(3)
+
+        @pytest.mark.multirank(world_size=2)
+        def test_fail_beside_death(rank, dies):
+            assert rank == 1, "rank 0 fails"
+        """,
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=1, errors=1)
+    ran.lines(
+        "*ERROR at teardown of test_fail_beside_death*",
+        "multirank test failed on rank 1 of 2",
+        "  rank 0: its body failed (see the call)",
+        "  rank 1: died in fixture teardown (exit code 3)",
+        "",
+        "rank 1 died: exit code 3 in a fixture's teardown, after its body passed",
+    )
+    ran.lines(
+        "*_ test_fail_beside_death _*",
+        "multirank test failed on rank 0 of 2",
+        "  rank 0: failed: AssertionError: rank 0 fails",
+        "  rank 1: body passed; its fixture teardown failed (see the error at teardown)",
+    )
+    ran.lines("FAILED test_inner.py::test_fail_beside_death - rank 0: AssertionError*")
+    ran.lines("ERROR test_inner.py::test_fail_beside_death - rank 1 died (exit code 3)")

@@ -24,7 +24,7 @@ import pytest
 from _pytest.outcomes import Skipped
 
 from .. import coverage_relay
-from ..failure import RunFailure, Verdict, attempt_summary, classify, interrupted_lines, ranks_words, render
+from ..failure import RunFailure, Verdict, attempt_summary, classify, interrupted_lines, ranks_words
 from ..launch.job import Job
 from ..launch.run import RunWatch
 from ..leaks import Leak
@@ -38,8 +38,6 @@ from .livelog import live_log_sink
 from .markers import BAD_MARKER_KEY, RUN_KEY, MultirankRun, is_special
 from .notices import warn_at
 from .reports import (
-    DebuggedMultirankFailed,
-    MultirankFailed,
     expected_by_xfail,
     fail_with,
     keep_artifacts,
@@ -47,6 +45,7 @@ from .reports import (
     relay_markers,
     relay_properties,
     relay_warnings,
+    run_failed,
     safe_name,
 )
 from .session import DdpSession, live_terminal
@@ -224,8 +223,7 @@ class MultirankHooks:
             verdict = self._finish(item, active)
             if verdict.failure is not None and verdict.failure.phase == "setup":
                 # under --pdb the rank had the debugger: pytest's own would show this plugin's frames
-                failed = DebuggedMultirankFailed if self.ddp.settings.post_mortem else MultirankFailed
-                raise failed(render(verdict.failure))
+                raise run_failed(verdict.failure, debugging=self.ddp.settings.post_mortem)
 
     def _job_for(self, item: pytest.Item, run: MultirankRun, payload: bytes = b"") -> Job:
         """The run of ``item``, not yet placed (no id, no folder)."""
@@ -349,12 +347,13 @@ class MultirankHooks:
                 raise
             # the ranks' teardown failed too: both are reported, as pytest reports two finalizers
             failure, active.teardown = active.teardown, None
-            raise ExceptionGroup(
-                f"errors while tearing down {item!r}", [MultirankFailed(render(failure)), exc]
-            ) from None
+            ranks = run_failed(failure)
+            ranks.__cause__ = None  # the group's traceback shows its members whole: no rank's exception again
+            raise ExceptionGroup(f"errors while tearing down {item!r}", [ranks, exc]) from None
         if active is not None and active.teardown is not None:
             failure, active.teardown = active.teardown, None
-            raise MultirankFailed(render(failure))
+            # with the ranks' exception types: an xfail's raises= is checked against them
+            raise run_failed(failure)
         return result
 
     # -- ending a run ------------------------------------------------------------------------

@@ -436,9 +436,10 @@ def outcome_of(
             path, line = item.reportinfo()[:2]
             location = (os.fspath(path), (line or 0) + 1)
         message = crash.message if crash else str(error)
-        return RankResult(rank, "skipped", message=message, location=location, duration=elapsed)
+        # its phase: a skip in a fixture's setup is no body's (a death after it is told so)
+        return RankResult(rank, "skipped", message=message, location=location, duration=elapsed, phase=phase)
     if isinstance(error, XFailed):
-        return RankResult(rank, "xfailed", message=str(error.msg), duration=elapsed)
+        return RankResult(rank, "xfailed", message=str(error.msg), duration=elapsed, phase=phase)
     if isinstance(error, bdb.BdbQuit):  # `q` at a breakpoint: the person ended it, no traceback
         words = "the debugger was quit (q) in this rank"  # or its input ended (stdin no terminal)
         return RankResult(rank, "failed", longrepr=words + "\n", message=words, duration=elapsed, phase=phase)

@@ -69,15 +69,20 @@ def fail_with(text: str, message: str | None = None) -> MultirankFailed:
     return MultirankFailed(Rendered(message or text.splitlines()[0], text))
 
 
+def run_failed(failure: RunFailure, debugging: bool = False) -> MultirankFailed:
+    """The exception that ends a phase (setup, call, teardown) the run failed in."""
+    errors = _rank_errors(failure)
+    failed = (DebuggedMultirankFailed if debugging else MultirankFailed)(render(failure), errors)
+    # what a hook matching the exception (pytest-rerunfailures' --only-rerun, a conftest's
+    # errisinstance on the chain) sees: the first failing rank's own exception, as its cause
+    failed.__cause__ = _first_rank_error(failure, errors)
+    return failed
+
+
 def raise_verdict(verdict: Verdict, debugging: bool = False) -> None:
     """End the test's call phase as the merged verdict of its ranks says."""
     if verdict.outcome == "failed" and verdict.failure is not None:
-        errors = _rank_errors(verdict.failure)
-        failed = (DebuggedMultirankFailed if debugging else MultirankFailed)(render(verdict.failure), errors)
-        # what a hook matching the exception (pytest-rerunfailures' --only-rerun, a conftest's
-        # errisinstance on the chain) sees: the first failing rank's own exception, as its cause
-        failed.__cause__ = _first_rank_error(verdict.failure, errors)
-        raise failed
+        raise run_failed(verdict.failure, debugging)
     if verdict.outcome == "xfailed":
         pytest.xfail(verdict.message)
     if verdict.outcome == "skipped":
@@ -168,7 +173,8 @@ def shape_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.
     exc = call.excinfo.value if call.excinfo is not None else None
     if isinstance(exc, MultirankFailed) and report.failed:
         report.longrepr = exc.longrepr(item)
-        reason = _expected_failure(item, exc) if call.when == "call" else None
+        # in any phase, as pytest checks raises= against a plain test's exception at setup or teardown too
+        reason = _expected_failure(item, exc)
         if reason is not None:
             report.outcome = "skipped"
             report.wasxfail = reason

@@ -335,3 +335,46 @@ def test_ranks_that_skip_for_different_reasons_each_keep_theirs() -> None:
     assert verdict.message == "no data (on ranks 1,3); no GPU (on rank 2); the other ranks passed"
     same = _report(results={0: skip(0, "no data"), 1: skip(1, "no data")})
     assert classify(same).message == "Skipped: no data"
+
+
+def test_each_of_a_split_failure_and_teardown_error_names_the_other_ranks_failure() -> None:
+    results = {0: _failed(0, "assert 0 == 1"), 1: _failed(1, "RuntimeError: close", phase="teardown")}
+    verdict = classify(_report(results=results, first_failure=0))
+    assert verdict.failure is not None and verdict.teardown is not None
+    assert (verdict.failure.beside, verdict.teardown.beside) == ({1: "teardown"}, {0: "call"})
+    call, torn = render(verdict.failure).text.splitlines(), render(verdict.teardown).text.splitlines()
+    assert call[2] == "  rank 1: body passed; its fixture teardown failed (see the error at teardown)"
+    assert torn[1] == "  rank 0: its body failed (see the call)"
+
+
+def test_a_teardown_error_that_is_a_peer_gone_after_a_body_failure_stays_its_consequence() -> None:
+    gone = _failed(1, "RuntimeError: Connection closed by peer [127.0.0.1]:7605", phase="teardown")
+    verdict = classify(_report(results={0: _failed(0, "assert 0 == 1"), 1: gone}, first_failure=0))
+    assert verdict.teardown is None and verdict.failure is not None
+    assert (verdict.failure.cause, verdict.failure.phase, verdict.failure.culprits) == (FAILURE, "call", [0])
+    lines = render(verdict.failure).text.splitlines()
+    assert lines[2].startswith("  rank 1: failed after rank 0, because its peer went away: RuntimeError: Connection")
+
+
+def test_a_death_in_teardown_after_a_passing_body_beside_a_body_failure_is_the_teardowns() -> None:
+    report = _report(results={0: _failed(0, "assert 0 == 1")}, exits={1: RankExit(1, 101, 3, None)}, first_failure=0)
+    verdict = classify(report, setup_done={0, 1}, body_passed={1})
+    f, torn = verdict.failure, verdict.teardown
+    assert f is not None and (f.cause, f.phase, f.culprits, f.beside) == (FAILURE, "call", [0], {1: "teardown"})
+    assert torn is not None and (torn.cause, torn.phase, torn.culprits, torn.beside) == (
+        DEATH,
+        "teardown",
+        [1],
+        {0: "call"},
+    )
+    assert "rank 1 died: exit code 3 in a fixture's teardown, after its body passed" in render(torn).text
+
+
+def test_a_skip_in_a_fixtures_setup_then_a_death_is_the_call_and_the_death_an_error_in_teardown() -> None:
+    skipped = RankResult(1, "skipped", message="Skipped: no data", location=("test_x.py", 3), phase="setup")
+    report = _report(results={0: _passed(0)}, before_teardown={1: skipped}, exits={1: RankExit(1, 101, 3, None)})
+    verdict = classify(report, setup_done={0})
+    assert (verdict.outcome, verdict.message) == ("skipped", "Skipped: no data (on rank 1; the other ranks passed)")
+    torn = verdict.teardown
+    assert torn is not None and (torn.cause, torn.phase) == (DEATH, "teardown")
+    assert "rank 1 died: exit code 3 in a fixture's teardown, after its setup skipped" in render(torn).text

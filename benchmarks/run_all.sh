@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-BENCHES=(bench_multirank bench_watchdog bench_leaks bench_special bench_xdist bench_recorder bench_faults bench_explore bench_tools)
+BENCHES=(bench_multirank bench_heavy_ranks bench_watchdog bench_leaks bench_special bench_xdist bench_recorder bench_faults bench_explore bench_tools)
 started=$SECONDS
 for name in "${BENCHES[@]}"; do
     echo "=== $name $* ===" >&2

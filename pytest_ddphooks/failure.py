@@ -121,6 +121,8 @@ class RunFailure:
     paired_across_hooks: str | None = None  # a collective entered in different hooks, maybe mispaired
     failures: list[RankFailure] = field(default_factory=list)
     outcomes: dict[int, str] = field(default_factory=dict)  # rank -> outcome of its test, where it finished
+    # rank -> a skip or xfail that came in a fixture's setup (no body ran), where it finished
+    ended_in_setup: set[int] = field(default_factory=set)
     ranks: dict[int, RankState] = field(default_factory=dict)  # every rank when stuck, else the stopped ones
     stuck: bool = False  # the ranks were stopped as a hang (at the limit, or early)
     desynced: bool = False  # stopped early: blocked in collectives that can never match
@@ -591,6 +593,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
         ),
         failures=failures,
         outcomes={r: res.outcome for r, res in report.results.items()},
+        ended_in_setup={r for r, res in report.results.items() if res.outcome != "failed" and res.phase == "setup"},
         ranks=states,
         stuck=report.stuck,
         desynced=report.desynced,
@@ -707,12 +710,16 @@ def _teardown_apart(report: RunReport, setup_done: set[int] | None, body_passed:
         **{r: RankResult(r, "passed") if res.outcome == "failed" else res for r, res in others.items()},
         **torn,
     }
+    # ranks the harness stopped before they ended (the run ended at the failure): stopped in this
+    # report too, never taken for dead
+    gone = {r for r in report.stopped if r not in report.results and r not in dead}
     apart = RunReport(
         n,
         report.limit,
         results={r: res for r, res in results.items() if r not in dead},
         before_teardown={r: res for r, res in told.items() if r in dead},
-        exits={r: ex for r, ex in report.exits.items() if r in dead},
+        exits={r: ex for r, ex in report.exits.items() if r in dead or r in gone},
+        stopped={r: why for r, why in report.stopped.items() if r in gone},
         outputs=report.outputs,
         timeline=report.timeline if dead else None,
         duration=report.duration,
@@ -1039,7 +1046,8 @@ def _summary(f: RunFailure) -> list[str]:
             where = "" if rf.result.phase == "call" else f" in fixture {rf.result.phase}"
             lines.append(f"  rank {r}: failed{where}: {_first(rf.result.message)}")
         elif r in f.beside:
-            lines.append(f"  rank {r}: {_beside_words(f.beside[r], f.outcomes.get(r, 'passed'))}")
+            how = f"{'setup' if r in f.ended_in_setup else 'body'} {f.outcomes.get(r, 'passed')}"
+            lines.append(f"  rank {r}: {_beside_words(f.beside[r], how)}")
         elif r in f.outcomes:
             lines.append(f"  rank {r}: {f.outcomes[r]}")
         elif r in f.ranks:
@@ -1047,10 +1055,11 @@ def _summary(f: RunFailure) -> list[str]:
     return lines
 
 
-def _beside_words(phase: str, outcome: str) -> str:
-    """A rank whose failure the test's other report holds (at ``phase``), as this one names it."""
+def _beside_words(phase: str, ended: str) -> str:
+    """A rank whose failure the test's other report holds (at ``phase``), as this one names it;
+    ``ended``: how its body (or, for a skip there, its setup) ended."""
     if phase == "teardown":
-        return f"body {outcome}; its fixture teardown failed (see the error at teardown)"
+        return f"{ended}; its fixture teardown failed (see the error at teardown)"
     if phase == "setup":
         return "its fixture setup failed (see the error at setup)"
     return "its body failed (see the call)"

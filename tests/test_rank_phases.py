@@ -3,6 +3,8 @@ that fails inside a rank is an ERROR at setup (or in teardown), a body that fail
 
 from __future__ import annotations
 
+import textwrap
+
 
 def test_a_fixture_that_fails_inside_a_rank_is_an_error_at_setup(inner) -> None:
     ran = inner(
@@ -744,18 +746,26 @@ def test_an_xfail_with_raises_judges_another_ranks_teardown_error_by_its_type_as
     ran.no_lines("ERROR *")
 
 
+CLOSES_BADLY_ON_1 = """
+import threading
+
+import pytest
+import torch.distributed as dist
+
+
+@pytest.fixture
+def closes_badly(rank):
+    yield
+    if rank == 1:
+        raise RuntimeError("could not close on rank 1")
+"""
+
+
 def test_a_body_failure_beside_another_ranks_teardown_error_names_each_rank_truthfully_in_both(inner) -> None:
     ran = inner(
-        """
-        import pytest
-        import torch.distributed as dist
-
-        @pytest.fixture
-        def closes_badly(rank):
-            yield
-            if rank == 1:
-                raise RuntimeError("could not close on rank 1")
-
+        CLOSES_BADLY_ON_1
+        + textwrap.dedent(
+            """
         @pytest.mark.multirank(world_size=2)
         def test_fail_beside_error(rank, closes_badly):
             assert rank == 1, "rank 0 fails"
@@ -771,7 +781,8 @@ def test_a_body_failure_beside_another_ranks_teardown_error_names_each_rank_trut
         @pytest.mark.multirank(world_size=2)
         def test_fail_then_peer_gone_in_teardown(rank, group_td):
             assert rank == 1, "rank 0 fails"
-        """,
+        """
+        ),
         "-rA",
     )
     ran.result.assert_outcomes(failed=2, errors=1)
@@ -799,6 +810,54 @@ def test_a_body_failure_beside_another_ranks_teardown_error_names_each_rank_trut
     assert "recorded timeline:" in section, section
     ran.no_lines("*ERROR at teardown of test_fail_then_peer_gone_in_teardown*")
     ran.no_lines("  rank ?: passed")
+
+
+def test_beside_a_teardown_error_a_stopped_rank_is_stopped_and_a_setup_skip_is_the_setups(inner) -> None:
+    ran = inner(
+        CLOSES_BADLY_ON_1
+        + textwrap.dedent(
+            """
+        @pytest.mark.multirank(world_size=3)
+        def test_third_rank_never_ends(rank, closes_badly):
+            if rank == 2:
+                threading.Event().wait()  # stopped by the harness once the others failed
+            assert rank != 0, "rank 0 fails"
+
+        @pytest.fixture
+        def skips_on_1(rank):
+            if rank == 1:
+                pytest.skip("no data on rank 1")
+
+        @pytest.mark.multirank(world_size=2)
+        def test_setup_skip_beside(rank, closes_badly, skips_on_1):
+            assert rank != 0, "rank 0 fails"
+        """
+        ),
+        "-rA",
+    )
+    ran.result.assert_outcomes(failed=2, errors=2)
+    # the stopped rank is stopped in both reports, never dead nor "body passed"
+    ran.lines(
+        "*ERROR at teardown of test_third_rank_never_ends*",
+        "multirank test failed on rank 1 of 3",
+        "  rank 0: its body failed (see the call)",
+        "  rank 1: failed in fixture teardown: RuntimeError: could not close on rank 1",
+        "  rank 2: stopped after rank ? failed; it was running",
+    )
+    ran.lines(
+        "*_ test_third_rank_never_ends _*",
+        "multirank test failed on rank 0 of 3",
+        "  rank 0: failed: AssertionError: rank 0 fails",
+        "  rank 1: body passed; its fixture teardown failed (see the error at teardown)",
+        "  rank 2: stopped after rank ? failed; it was running",
+    )
+    ran.lines(
+        "*_ test_setup_skip_beside _*",
+        "multirank test failed on rank 0 of 2",
+        "  rank 0: failed: AssertionError: rank 0 fails",
+        "  rank 1: setup skipped; its fixture teardown failed (see the error at teardown)",
+    )
+    ran.no_lines("*rank 2: died*")
 
 
 def test_a_skip_in_a_fixtures_setup_then_a_death_in_teardown_is_skipped_and_an_error_in_teardown(inner) -> None:

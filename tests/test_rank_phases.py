@@ -860,6 +860,27 @@ def test_beside_a_teardown_error_a_stopped_rank_is_stopped_and_a_setup_skip_is_t
     ran.no_lines("*rank 2: died*")
 
 
+def test_a_teardown_error_does_not_cut_a_slower_peers_body_short(inner) -> None:
+    ran = inner(
+        CLOSES_BADLY_ON_1
+        + textwrap.dedent(
+            """
+        import time
+
+        @pytest.mark.multirank(world_size=2)
+        def test_rank_0_is_slow(rank, closes_badly):
+            if rank == 0:
+                time.sleep(2)  # longer than the grace a failure gives its peers
+        """
+        ),
+        "-rA",
+    )
+    # rank 0's body ran to its end and passed: the call passed, rank 1's teardown is the error
+    ran.result.assert_outcomes(passed=1, errors=1)
+    ran.lines("*ERROR at teardown of test_rank_0_is_slow*", "multirank test failed on rank 1 of 2")
+    ran.no_lines("*stopped after rank 1 failed*")
+
+
 def test_a_skip_in_a_fixtures_setup_then_a_death_in_teardown_is_skipped_and_an_error_in_teardown(inner) -> None:
     # as the plain twin: SKIPPED, and an ERROR at teardown
     ran = inner(

@@ -239,7 +239,9 @@ class RunWatch:
         if died or (result is not None and result.outcome == "failed"):
             if report.first_failure is None:
                 report.first_failure = ex.rank
-            if self._failed_at is None:
+            # a failure in its fixtures' teardown, after its body passed, cuts no peer's body
+            # short: they run on to their own end (a peer blocked on it is a stall, stopped early)
+            if self._failed_at is None and (died or result is None or result.phase != "teardown"):
                 self._failed_at = time.monotonic()
             if died:
                 self._stop_after_death(f"stopped after rank {ex.rank} died ({ex.describe()})")

@@ -523,7 +523,7 @@ def classify(report: RunReport, setup_done: set[int] | None = None, body_passed:
     # ranks whose body failed, skipped or xfailed, then died, were stopped or taken out by a
     # fault in their fixtures' teardown; those whose failure was a peer going away failed after
     # it, as ever
-    told = {r: res for r, res in report.before_teardown.items() if r not in report.results}
+    told = report.told_before_teardown()
     failed_first = {r: res for r, res in told.items() if res.outcome == "failed"}
     after_peer = {r for r, res in failed_first.items() if _consequence(report, r, res)}
     died = [r for r in range(n) if report.died(r) and r not in after_peer]
@@ -659,7 +659,7 @@ def _teardown_apart(report: RunReport, setup_done: set[int] | None, body_passed:
     after another rank's failure stays that failure's consequence, in the call. None: nothing to
     part. Each report names the ranks whose failure the other holds (``RunFailure.beside``)."""
     n = report.world_size
-    told = {r: res for r, res in report.before_teardown.items() if r not in report.results}
+    told = report.told_before_teardown()
     ended = {**told, **report.results}
     own = [
         r

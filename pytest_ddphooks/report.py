@@ -160,6 +160,10 @@ class RunReport:
         or a stop ends the rank: at most one acts in a run)."""
         return next((i for i in self.fired.get(rank, []) if i.get("action") in ("kill", "stop")), None)
 
+    def told_before_teardown(self) -> dict[int, RankResult]:
+        """Of the ranks whose result never came, how their test had ended before the teardown."""
+        return {r: res for r, res in self.before_teardown.items() if r not in self.results}
+
     def died(self, rank: int) -> bool:
         if rank in self.stopped or self.taken_out(rank):
             return False

@@ -83,8 +83,8 @@ def _death(report: RunReport) -> bool:
 
 
 def _failed_before_teardown(report: RunReport, rank: int) -> bool:
-    told = report.before_teardown.get(rank)
-    return rank not in report.results and told is not None and told.outcome == "failed"
+    told = report.told_before_teardown().get(rank)
+    return told is not None and told.outcome == "failed"
 
 
 class MultirankHooks:

@@ -7,14 +7,20 @@ timeline. Sessions: (1) every bug 20 times under normal timing (an autouse fixtu
 params), to show each passes without exploration; (2) S sessions of ``--ddp-explore=20`` over
 the bugs, each with its own random base seed; (3) the fixed suite 20 times under normal timing
 and (4) once under ``--ddp-explore=100``, whose junit durations, less (N+1) plain runs and less
-the holds the report lists, give the cost of a schedule.
+the holds the report lists, give the cost of a schedule; (5) the seed the first exploration
+found for each bug, replayed R times with both cores kept busy by other processes.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import re
 import statistics
+import subprocess
+import sys
 from collections import defaultdict
+from collections.abc import Iterator
 
 from _common import Report, Session, Suite, median, ms, parser, progress, table, verdict
 from races import RACES, source
@@ -29,6 +35,7 @@ def trial(request):
 """
 
 _SCHEDULE = re.compile(r"failed under schedule (\d+) of (\d+)")
+_SEED = re.compile(r"failed under schedule \d+ of \d+ \(seed (0x[0-9a-f]+)\)")
 _HOLDS = re.compile(r"passed under all (\d+) schedules explored .*; holds ([0-9.]+) s in all")
 _HEADER = re.compile(r"^_+ (test_\w+) _+$")
 
@@ -69,6 +76,50 @@ def explored(session: Session) -> dict[str, int | None]:
     return out
 
 
+def seeds_found(session: Session) -> dict[str, str]:
+    """Per bug an exploration found: the seed its failure names."""
+    out = {}
+    for case in session.cases:
+        seed = _SEED.search(case.message)
+        if case.outcome != "passed" and seed:
+            out[_bug(case.name)] = seed.group(1)
+    return out
+
+
+@contextlib.contextmanager
+def cores_kept_busy(processes: int) -> Iterator[None]:
+    """Other work on the machine: ``processes`` interpreters spinning until the block ends."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def replays_under_load(suite: Suite, seeds: dict[str, str], replays: int) -> dict[str, dict[str, int]]:
+    """Per bug: how its seed's ``replays`` replays went, both cores kept busy: "again" (the
+    schedule failed the test again), "plain" (its plain run failed first: the race showed by
+    itself and the schedule never ran) or "passed"."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    with cores_kept_busy(2):
+        for i in range(replays):
+            progress(f"replay {i + 1}/{replays} of each found seed, both cores busy")
+            for bug, seed in seeds.items():
+                session = suite.run(f"test_races.py::test_{bug}", f"--ddp-schedule={seed}")
+                message = session.cases[0].message if session.cases else ""
+                if session.count("failed") != 1:
+                    out[bug]["passed"] += 1
+                elif f"failed under schedule {seed}" in message:
+                    out[bug]["again"] += 1
+                elif "failed in the plain run" in message:
+                    out[bug]["plain"] += 1
+                else:
+                    raise RuntimeError(f"replay of {bug} under {seed}: {message}\n{session.tail()}")
+    return out
+
+
 def holds_by_test(session: Session) -> dict[str, tuple[int, float]]:
     """Per test of a -rA session: (schedules explored, seconds of holds in all)."""
     out, current = {}, ""
@@ -82,12 +133,59 @@ def holds_by_test(session: Session) -> dict[str, tuple[int, float]]:
     return out
 
 
+def replay_section(report: Report, seeds: dict[str, str], replayed: dict[str, dict[str, int]], replays: int) -> None:
+    rows = []
+    for bug, seed in seeds.items():
+        went = replayed[bug]
+        scheduled = went["again"] + went["passed"]
+        rows.append(
+            [bug, seed, f"{went['again']}/{scheduled}", went["plain"], "all", verdict(went["again"] == scheduled)]
+        )
+    report.section(
+        f"The seed each bug was found with, replayed {replays} times on a loaded machine",
+        table(
+            [
+                "bug",
+                "seed",
+                "replayed schedules that failed again",
+                "replays whose plain run failed first",
+                "target",
+                "met",
+            ],
+            rows,
+        ),
+        [
+            "Each replay is a pytest session of --ddp-schedule=SEED on the one test (a plain run, then the"
+            " schedule), while two other processes spin on the machine's cores: the replays run slower"
+            " than the exploration that found the seed, and than their own plain runs. A replay whose"
+            " plain run failed (the race showed by itself under the load, and the schedule was not run)"
+            " is counted apart.",
+        ],
+    )
+
+
+def replays_only(args: argparse.Namespace) -> None:
+    """One exploration session for the seeds, then their replays on a loaded machine."""
+    replays = 2 if args.quick else 10
+    report = Report("bench_explore_replays", "Schedule exploration: found seeds replayed on a loaded machine", args)
+    with Suite({"test_races.py": source(bug=True)}, keep=args.keep) as suite:
+        progress(f"one session of --ddp-explore=20 over {len(RACES)} bugs")
+        seeds = seeds_found(suite.run("test_races.py", "--ddp-explore=20", duration_report="call"))
+        replay_section(report, seeds, replays_under_load(suite, seeds, replays), replays)
+    report.write()
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0], repeats=20)
+    p.add_argument("--replays-only", action="store_true", help="only (5): one exploration, its seeds replayed")
     args = p.parse_args()
+    if args.replays_only:
+        replays_only(args)
+        return
     sessions = 3 if args.quick else args.repeats or 20
     trials = 5 if args.quick else 20
     fixed_schedules = 10 if args.quick else 100
+    replays = 2 if args.quick else 10
     report = Report("bench_explore", "Schedule exploration: race bugs found, fixed code left alone, cost", args)
     files = {
         "plain/conftest.py": TRIALS.format(n=trials),
@@ -101,6 +199,7 @@ def main() -> None:
         progress(f"plain runs: every bug {trials} times")
         passed, _ = plain_passes(suite, "plain", trials)
         found: dict[str, list[int | None]] = defaultdict(list)
+        seeds: dict[str, str] = {}
         for s in range(sessions):
             progress(f"session {s + 1}/{sessions}: --ddp-explore=20 over {len(RACES)} bugs")
             session = suite.run("test_races.py", "--ddp-explore=20", duration_report="call")
@@ -108,9 +207,11 @@ def main() -> None:
                 raise RuntimeError(f"exploration session: {len(session.cases)} cases\n{session.tail()}")
             for bug, index in explored(session).items():
                 found[bug].append(index)
+            seeds = {**seeds_found(session), **seeds}  # the first session's seed of each bug
         progress(f"the fixed suite: {trials} plain runs, then --ddp-explore={fixed_schedules}")
         fixed_passed, fixed_plain = plain_passes(suite, "plainfixed", trials)
         fixed = suite.run("test_fixed.py", f"--ddp-explore={fixed_schedules}", "-rA", duration_report="total")
+        replayed = replays_under_load(suite, seeds, replays)
 
     rows = []
     for bug, (depth, world, what) in RACES.items():
@@ -212,6 +313,7 @@ def main() -> None:
             " test spent waiting anyway.",
         ],
     )
+    replay_section(report, seeds, replayed, replays)
     report.write()
 
 

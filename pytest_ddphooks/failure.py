@@ -900,12 +900,14 @@ def describe_state(s: RankState, stuck: bool) -> list[str]:
     return lines
 
 
-def interrupted_lines(label: str, report: RunReport) -> list[str]:
-    """Where each rank of a run the user interrupted (Ctrl-C) was, as a hang says it."""
+def interrupted_lines(label: str, report: RunReport) -> tuple[list[str], Frame | None]:
+    """Where each rank of a run the user interrupted (Ctrl-C) was, as a hang says it; and the
+    line of the test's code the first rank that was at one was at (pytest names a plain test's)."""
     lines = [f"ddphooks: {label} was interrupted after {report.duration:.1f} s; where its ranks were:"]
-    for rank in range(report.world_size):
-        lines.extend("  " + line for line in describe_state(rank_state(report, rank), stuck=True))
-    return lines
+    states = [rank_state(report, rank) for rank in range(report.world_size)]
+    for state in states:
+        lines.extend("  " + line for line in describe_state(state, stuck=True))
+    return lines, next((st.caller or st.frame for st in states if st.frame is not None), None)
 
 
 _P2P_HALVES = {"recv from ": "a send to", "send to ": "a recv from"}

@@ -17,11 +17,16 @@ segment nothing orders one rank's points against another's, so that is where a s
 - half the time the hold is placed not at the segment's start but at a random point inside it
   (a change point), which interleaves the two ranks' points instead of putting one wholly first.
 
-A hold is a sleep: it always ends, so a schedule cannot deadlock correct code, and a rank held
-while its peers wait in a collective only makes them wait longer (a hold is never inside a
-collective, so the desync detector sees nothing to compare). Only a segment's span is measured:
-the schedule is a function of the seed and the plain run's profile, and replaying a seed on the
-same code gives the same holds.
+A held rank waits until the ranks that go before it have gone through their part of the
+segment (entered the collective that ends it, or ended): their places are on a board every rank
+of the run maps (``Board``), so the order a seed names is the order a replay gets however much
+slower the machine is than in the plain run. A peer that stops running (blocked on the held rank
+in native code nothing records, or asleep) lets the hold end after its planned length, as a
+sleep would; a peer at work keeps it, up to ``HOLD_STRETCH`` times that. A hold always ends, so
+a schedule cannot deadlock correct code, and a rank held while its peers wait in a collective
+only makes them wait longer (a hold is never inside a collective, so the desync detector sees
+nothing to compare). Only a segment's span is measured: the schedule is a function of the seed
+and the plain run's profile, and replaying a seed on the same code gives the same holds.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .recorder import events
 
@@ -51,6 +56,12 @@ MAX_SEGMENTS = 16  # perturbed per schedule: a long test gets a random choice of
 CHANGE = 0.25  # the chance that the ranks' priorities are drawn again at a segment
 RANK_START = "the rank's start"
 _NEVER = 1 << 63  # the end of a rank's last segment: no synchronisation follows it
+HOLD_STRETCH = 4  # a hold waits on for a peer still at work in its part, up to this many times its length
+POLL = 0.001  # seconds between two looks at the board
+IDLE_LOOKS = 3  # a peer seen stopped this many looks running is waiting (on the held rank, or asleep)
+
+# a rank's state on the board
+RUNNING, SYNCING, HELD, DONE = 0, 1, 2, 3
 
 
 EXPLORE_UNDER_TORCHRUN = (
@@ -196,7 +207,8 @@ def _is_point(kind: str, lane: int, info: Mapping[str, Any] | None) -> bool:
 class Hold:
     segment: int
     point: int  # 0: the segment's start
-    seconds: float
+    seconds: float  # how long it lasts when the ranks it waits for stop running
+    after: tuple[int, ...] = ()  # the ranks of higher priority: they go through the segment first
 
 
 def holds(seed: int, world_size: int, profile: Profile) -> dict[int, list[Hold]]:
@@ -218,46 +230,121 @@ def holds(seed: int, world_size: int, profile: Profile) -> dict[int, list[Hold]]
             points = segs[k].points if k < len(segs) else 1
             # a change point inside the segment, before its last point (entering the next collective)
             point = rng.randrange(1, points - 1) if inside and points > 2 else 0
-            out[rank].append(Hold(k, point, priority * profile.unit(rank, k)))
+            out[rank].append(Hold(k, point, priority * profile.unit(rank, k), tuple(order[:priority])))
     return out
 
 
+class Board(Protocol):
+    """Where each rank of a run is in its schedule, as every rank of the run sees it."""
+
+    def tell(self, segment: int, state: int) -> None:
+        """This rank's own place."""
+
+    def place(self, rank: int) -> tuple[int, int]:
+        """A rank's segment and state (``RUNNING``, ``SYNCING``, ``HELD``, ``DONE``)."""
+
+    def stopped(self, rank: int) -> bool:
+        """Whether a rank's main thread is not running: blocked, asleep, or gone."""
+
+
+def went_through(place: tuple[int, int], segment: int) -> bool:
+    """Whether a rank at ``place`` is done with its part of ``segment``: inside the collective
+    that ends it, past it, or at the end of its body."""
+    at, state = place
+    return state == DONE or at > segment or (at == segment and state == SYNCING)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
 class ScheduleHook:
-    """Runs one rank's holds: counts its points as they are recorded and sleeps at its own.
+    """Runs one rank's holds: counts its points as they are recorded, tells the board where it
+    is, and at its own holds waits for the ranks that go first.
 
     Called with (kind, phase, name, call id) after each event is written, as armed faults are
-    (``EventLog.trigger``); ``begin()`` is the body's start, point 0 of segment 0.
+    (``EventLog.trigger``); ``begin()`` is the body's start, point 0 of segment 0, ``end()`` its
+    end. Without a board a hold is a sleep of its planned length.
     """
 
-    def __init__(self, own: Sequence[Hold], report: Callable[[dict[str, Any]], None]) -> None:
-        self._at = {(h.segment, h.point): h.seconds for h in own}
+    def __init__(
+        self,
+        own: Sequence[Hold],
+        report: Callable[[dict[str, Any]], None],
+        board: Board | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._at = {(h.segment, h.point): h for h in own}
         self._report = report
+        self._board = board
+        self._clock = clock
+        self._sleep = sleep
         self._main = threading.main_thread()
         self.segment = 0
         self.point = 0
         self._seen: dict[tuple[str, str, str], int] = {}  # how often the rank reached each point, as ``at=`` counts
 
     def begin(self) -> None:
+        self._tell(RUNNING)
         self._hold(RANK_START)
+
+    def end(self) -> None:
+        self._tell(DONE)
+
+    def _tell(self, state: int) -> None:
+        if self._board is not None:
+            self._board.tell(self.segment, state)
 
     def __call__(self, kind: str, phase: str, name: str, call_id: int) -> None:
         if kind not in POINT_KINDS or threading.current_thread() is not self._main:
             return
         if phase == events.END and kind in _SYNC_KINDS:
             self.segment, self.point = self.segment + 1, 0
+            self._tell(RUNNING)
         else:
             self.point += 1
+            if phase == events.START and kind in _SYNC_KINDS:
+                self._tell(SYNCING)
         key = (kind, phase, name)
         n = self._seen[key] = self._seen.get(key, 0) + 1
         if (self.segment, self.point) in self._at:  # named only where it holds: this runs per event
             self._hold(f"{phase}:{name}#{n}" if phase != events.POINT else f"{kind}:{name}#{n}")
 
     def _hold(self, where: str) -> None:
-        seconds = self._at.pop((self.segment, self.point), None)
-        if seconds is None:
+        hold = self._at.pop((self.segment, self.point), None)
+        if hold is None:
             return
-        self._report({"seconds": seconds, "at": where, "segment": self.segment, "point": self.point})
-        time.sleep(seconds)
+        began = self._clock()
+        if self._board is None or not hold.after:
+            self._sleep(hold.seconds)
+            until = ""
+        else:
+            self._tell(HELD)
+            try:
+                until = self._wait(self._board, hold, began)
+            finally:
+                self._tell(RUNNING)
+        info = {"seconds": self._clock() - began, "at": where, "segment": self.segment, "point": self.point}
+        self._report({**info, "until": until} if until else info)
+
+    def _wait(self, board: Board, hold: Hold, began: float) -> str:
+        """Wait until the ranks of ``hold.after`` went through this segment; say what ended it."""
+        looks_stopped = 0
+        while True:
+            places = {r: board.place(r) for r in hold.after}
+            left = [r for r, place in places.items() if not went_through(place, self.segment)]
+            if not left:
+                return f"until {_ranks(hold.after)} went through"
+            waited = self._clock() - began
+            if waited >= HOLD_STRETCH * hold.seconds:
+                return f"as {_ranks(left)} still ran"
+            # a peer that is itself held waits its turn: it is not waiting on this rank
+            stopped = all(places[r][1] != HELD and board.stopped(r) for r in left)
+            looks_stopped = looks_stopped + 1 if stopped else 0
+            if waited >= hold.seconds and looks_stopped >= IDLE_LOOKS:
+                return f"as {_ranks(left)} waited"
+            self._sleep(POLL)
 
 
 def held_seconds(held: Mapping[int, Sequence[Mapping[str, Any]]]) -> float:
@@ -269,9 +356,11 @@ def held_seconds(held: Mapping[int, Sequence[Mapping[str, Any]]]) -> float:
 
 
 def planned_seconds(planned: Mapping[int, Sequence[Hold]]) -> float:
-    """About how much a schedule's holds will delay a run, counted as ``held_seconds`` counts
+    """At most how much a schedule's holds will delay a run, counted as ``held_seconds`` counts
     them: the time its limit is extended by, so that no hold is taken for a hang."""
-    return _longest_per_segment((h.segment, h.seconds) for own in planned.values() for h in own)
+    return _longest_per_segment(
+        (h.segment, h.seconds * (HOLD_STRETCH if h.after else 1)) for own in planned.values() for h in own
+    )
 
 
 def _longest_per_segment(holds: Iterable[tuple[int, float]]) -> float:
@@ -282,6 +371,7 @@ def _longest_per_segment(holds: Iterable[tuple[int, float]]) -> float:
 
 
 def describe_hold(rank: int, info: Mapping[str, Any]) -> str:
-    """``rank 0 held 40 ms at start:prepare_data``"""
+    """``rank 0 held 40 ms at start:prepare_data, until rank 1 went through``"""
     ms = float(info.get("seconds", 0.0)) * 1000
-    return f"rank {rank} held {ms:.0f} ms at {info.get('at')}"
+    until = f", {info['until']}" if info.get("until") else ""
+    return f"rank {rank} held {ms:.0f} ms at {info.get('at')}{until}"

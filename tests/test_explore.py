@@ -91,6 +91,30 @@ def test_the_seed_a_failure_names_replays_it(inner) -> None:
         again.lines(f"failed under schedule {seed} (--ddp-schedule={seed})", "*FileNotFoundError*")
 
 
+def test_a_race_is_found_and_replayed_when_the_scheduled_runs_are_slower_than_the_plain_one(inner, pytester) -> None:
+    """Rank 1's work takes three times as long in every run after the plain one (a loaded
+    machine, a cold cache): holds sized from the plain run alone would end before it reads.
+    A held rank waits for the ranks that go first to go through, so the order holds."""
+    slower = RACE.replace("import pytest\n", "import pathlib\nimport pytest\n").replace(
+        "        busy(1_000_000)\n",
+        "        runs = pathlib.Path(__file__).with_name('runs')\n"
+        "        busy(3_000_000 if runs.exists() else 1_000_000)\n"
+        "        runs.touch()\n",
+    )
+    assert "runs.touch()" in slower
+    found = inner(slower, "--ddp-explore=20")
+    found.result.assert_outcomes(failed=1)
+    found.lines("  rank 1: failed: FileNotFoundError: *data.txt*")
+    found.lines(
+        "where the schedule held the ranks:", "  rank 0 held * ms at the rank's start, until rank 1 went through"
+    )
+    seed = _seed(found.text)
+    (pytester.path / "runs").unlink()
+    again = inner(slower, f"--ddp-schedule={seed}")
+    again.result.assert_outcomes(failed=1)
+    again.lines(f"failed under schedule {seed} (--ddp-schedule={seed})", "*FileNotFoundError*")
+
+
 def test_the_marker_explores_and_replays_too(inner) -> None:
     found = inner(RACE.replace("timeout=30", "timeout=30, explore=20"))
     found.result.assert_outcomes(failed=1)

@@ -88,6 +88,9 @@ def test_ctrl_c_says_where_each_rank_was_and_leaves_no_rank(pytester: pytest.Pyt
     assert "    stuck at test_ctrl_c.py:26 in test_long: dist.barrier()" in where
     assert "  rank 1: still running\n    stuck at test_ctrl_c.py:31 in sleep_long: time.sleep(60)" in where
     assert "KeyboardInterrupt" in out and "test_never_reached" not in out
+    # the line pytest names under the interrupt is where rank 0 was in the test, as a plain test's
+    crash = [ln for ln in lines if ln.endswith(": KeyboardInterrupt")]
+    assert len(crash) == 1 and crash[0].endswith("test_ctrl_c.py:26: KeyboardInterrupt"), out
     assert not [pid for pid in started if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 

@@ -652,7 +652,8 @@ def test_an_xfail_marker_judges_another_ranks_teardown_error_at_teardown_as_pyte
 
 
 def test_a_body_failure_then_a_death_in_teardown_is_not_restarted(inner) -> None:
-    # a failure is the test's outcome, not a death to restart: the death is its teardown story
+    # a failure is the test's outcome, not a death to restart: the death is its teardown story,
+    # on the failed rank or on another whose body had passed
     ran = inner(
         """
         import os
@@ -668,10 +669,15 @@ def test_a_body_failure_then_a_death_in_teardown_is_not_restarted(inner) -> None
         def test_then_dies(rank, dies, restart_count):
             print(f"attempt {restart_count} on rank {rank}")
             assert rank == 0, "failed in the body first"
+
+        @pytest.mark.multirank(world_size=2, restarts=1)
+        def test_fails_beside(rank, dies, restart_count):
+            print(f"attempt {restart_count} on rank {rank}")
+            assert rank == 1, "rank 0 fails in its body"
         """,
         "-rA",
     )
-    ran.result.assert_outcomes(failed=1)
+    ran.result.assert_outcomes(failed=2, errors=1)
     ran.lines(
         "*_ test_then_dies _*",
         "multirank test failed on rank 1 of 2",
@@ -680,6 +686,8 @@ def test_a_body_failure_then_a_death_in_teardown_is_not_restarted(inner) -> None
         "    then died in fixture teardown (exit code 3)",
     )
     ran.lines("FAILED test_inner.py::test_then_dies - rank 1: AssertionError: failed in the *")
+    ran.lines("ERROR test_inner.py::test_fails_beside - rank 1 died (exit code 3)")
+    ran.lines("FAILED test_inner.py::test_fails_beside - rank 0: AssertionError: rank 0 fail*")
     ran.no_lines("*attempt 1 on rank*")
     ran.no_lines("*Captured attempts*")
 

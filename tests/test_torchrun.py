@@ -898,16 +898,26 @@ def test_the_junit_file_rank_0_writes_has_what_every_rank_recorded(pytester: pyt
         import pytest
 
         @pytest.mark.multirank(world_size=2)
-        def test_props(rank, record_property):
+        def test_props(rank, record_property, record_testsuite_property, record_xml_attribute):
             record_property(f"loss_rank{rank}", 0.5 + rank)
+            record_testsuite_property(f"host_rank{rank}", f"node{rank}")
+            if rank == 1:
+                record_xml_attribute("owner", "rank-1-team")
         """
     )
-    code, out, _ = torchrun(pytester.path, "--junitxml=junit.xml")
+    # xunit1: xunit2 (the default) keeps no attribute of a test's own, with or without ranks
+    code, out, _ = torchrun(pytester.path, "--junitxml=junit.xml", "-o", "junit_family=xunit1")
     assert code == 0, out
-    import xml.etree.ElementTree as ET
-
-    found = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "junit.xml").iter("property")}
+    root = ET.parse(pytester.path / "junit.xml").getroot()
+    case = next(root.iter("testcase"))
+    found = {p.get("name"): p.get("value") for p in case.iter("property")}
     assert found == {"loss_rank0": "0.5", "loss_rank1": "1.5"}
+    suite = root.find("testsuite")
+    assert suite is not None
+    # the suite's own properties: those of rank 1 too, as without torchrun
+    on_suite = {p.get("name"): p.get("value") for p in suite.findall("properties/property")}
+    assert on_suite == {"host_rank0": "node0", "host_rank1": "node1"}, ET.tostring(root)
+    assert case.get("owner") == "rank-1-team"
 
 
 def test_a_file_one_rank_cannot_collect_is_said_with_its_error(pytester: pytest.Pytester) -> None:

@@ -29,12 +29,13 @@ from .. import blobs, coverage_relay, dump_signals, singletons, torch_defaults
 from ..leaks import fork_note
 from ..recorder import Recorder, events
 from ..report import RankResult
-from ..schedule import Hold, ScheduleHook
+from ..schedule import ScheduleHook
 from ..stacks import ASK_NATIVE, ASK_STACKS, write_python_stacks
 from . import mp_cleanup, procs, protocol, rendezvous
 from .debugger import RankDebugger
 from .job import VOLATILE_ENV, Job
 from .output import RankOutput, flush_std
+from .schedule_board import MappedBoard
 
 HANDED_JOB = "job"  # the file in the run's folder a prepared rank reads its test from
 _keep: list[Any] = []  # files that must stay open for the signal handlers
@@ -232,11 +233,14 @@ def _free_threads() -> dict[str, Any]:
     return {"names": names}
 
 
-def _follow_schedule(recorder: Recorder, own: list[Hold]) -> None:
+def _follow_schedule(job: Job, rank: int, recorder: Recorder) -> ScheduleHook:
     """Hold this rank where its schedule says; the rank's start is the first such point."""
-    hook = ScheduleHook(own, lambda info: recorder.write_watch_only(events.HELD, info))
+    assert job.holds is not None
+    board = MappedBoard(os.path.join(job.run_dir, f"schedule{job.attempt}.board"), rank, job.world_size)
+    hook = ScheduleHook(job.holds.get(rank, []), lambda info: recorder.write_watch_only(events.HELD, info), board)
     recorder.add_trigger(hook)
     hook.begin()
+    return hook
 
 
 @dataclass
@@ -247,6 +251,7 @@ class _SetUp:
     recorder: Recorder | None = None
     store: Any = None  # the run's store, prefixed for the harness
     failure: RankResult | None = None  # set-up failed: what the rank reports instead
+    schedule: ScheduleHook | None = None  # the run's schedule (``--ddp-explore``): told when the body ends
 
 
 # a rank leaves through the os._exit of before the test: coverage's ``_exit`` patch, applied
@@ -297,7 +302,7 @@ def _set_up(job: Job, rank: int, port: int, listener: Any) -> _SetUp:
         _answer_asks(job.path(rank, "ask"), job.path(rank, "pystacks"), recorder)
         if job.holds is not None:
             # once the run's store is up: the ranks wait for rank 0's before anything of theirs
-            _follow_schedule(recorder, job.holds.get(rank, []))
+            state.schedule = _follow_schedule(job, rank, recorder)
         if job.init_process_group:
             _init_group(job, rank, raw_store, limit)
     except BaseException as exc:
@@ -374,7 +379,11 @@ def _run(job: Job, rank: int, notes: int, body: RankBody, state: _SetUp, started
                 job, rank, job.world_size, rank % local, local, rank // local, recorder, state.store, notes, debugger
             )
             rank_cov = ctx.measured.cov
-            result = body(ctx)
+            try:
+                result = body(ctx)
+            finally:
+                if state.schedule is not None:
+                    state.schedule.end()
             result.measured = coverage_relay.measured_by(rank_cov)
             recorder.read_native(grace=False)  # the watch takes a rank lingering here for one that waits
             recorder.write_final_counters()

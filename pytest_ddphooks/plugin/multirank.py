@@ -16,11 +16,12 @@ import itertools
 import os
 import pickle
 import secrets
-from collections.abc import Generator
+from collections.abc import Generator, Set
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from _pytest._code.code import ReprFileLocation
 from _pytest.outcomes import Skipped
 
 from .. import coverage_relay
@@ -31,6 +32,7 @@ from ..leaks import Leak
 from ..recorder import NeverWaitedWarning
 from ..report import RunReport
 from ..schedule import Profile, describe_hold, format_seed, held_seconds, holds
+from ..stacks import Frame
 from . import rankbody, rankfixtures
 from .explore import Exploration
 from .leaks import RANK_LEAKS_KEY
@@ -72,19 +74,22 @@ ACTIVE_KEY = pytest.StashKey[_Active]()
 PREPARED_KEY = pytest.StashKey[bool]()  # the test's ranks were set up before it came
 
 
-def _death(report: RunReport) -> bool:
-    """A rank died (killed by a signal, injected or not, or gone before reporting): not one
-    whose test had failed before it died in its teardown, as that failure is the test's
-    outcome (a failure is never restarted)."""
-    return any(
-        (report.died(r) or report.taken_out(r) == "kill") and not _failed_before_teardown(report, r)
+def _death(report: RunReport, body_passed: Set[int]) -> bool:
+    """A rank died (killed by a signal, injected or not, or gone before reporting) where a
+    restart can stand for it. A failure is the test's outcome and is never restarted: not a rank
+    whose test had failed before it died in its teardown, nor deaths in teardown alone (their
+    bodies had ended: ``body_passed``, or an outcome told before the teardown) beside a rank
+    whose test failed in its body or a fixture's setup."""
+    told = report.told_before_teardown()
+    dead = [
+        r
         for r in range(report.world_size)
-    )
-
-
-def _failed_before_teardown(report: RunReport, rank: int) -> bool:
-    told = report.told_before_teardown().get(rank)
-    return told is not None and told.outcome == "failed"
+        if (report.died(r) or report.taken_out(r) == "kill") and not (r in told and told[r].outcome == "failed")
+    ]
+    if not dead or not all(r in told or r in body_passed for r in dead):
+        return bool(dead)
+    ended = [*told.values(), *(res for res in report.results.values() if res.phase != "teardown")]
+    return not any(res.outcome == "failed" for res in ended)
 
 
 class MultirankHooks:
@@ -104,6 +109,7 @@ class MultirankHooks:
         self._next_item: pytest.Item | None = None
         self._order: dict[str, int] = {}  # node id -> its place in the session's items
         self._interrupted: list[str] = []  # where the ranks of an interrupted test were
+        self._interrupted_at: Frame | None = None  # the line of its code the first of them was at
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -149,9 +155,21 @@ class MultirankHooks:
         if watch is None or not watch.report.interrupted:
             return
         try:
-            self._interrupted = interrupted_lines(item.nodeid, watch.collect())
+            self._interrupted, self._interrupted_at = interrupted_lines(item.nodeid, watch.collect())
         except Exception as exc:  # the session is ending: never in the way of the interrupt
             self._interrupted = [f"ddphooks: {item.nodeid} was interrupted; where its ranks were is unknown ({exc})"]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        """The line pytest names under ``KeyboardInterrupt`` is where a plain test was: of a
+        multirank one, where its ranks were in the test's code, not where the pytest process
+        waited for them."""
+        at = self._interrupted_at
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        memo: Any = getattr(reporter, "_keyboardinterrupt_memo", None)
+        crash = getattr(memo, "reprcrash", None)
+        if at is not None and isinstance(crash, ReprFileLocation):
+            memo.reprcrash = ReprFileLocation(at.path, at.line, crash.message)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for line in self._interrupted:
@@ -417,7 +435,7 @@ class MultirankHooks:
         job = active.job
         report = watch.wait_end()
         attempts: list[str] = []
-        while _death(report) and job.attempt < job.max_restarts:
+        while _death(report, watch.body_passed) and job.attempt < job.max_restarts:
             attempts.append(attempt_summary(report, job.attempt))
             self._rank_leaks(item, report, f" (attempt {job.attempt})")  # what a dead attempt left
             job = active.job = self._next_run(job, attempt=job.attempt + 1)
@@ -425,7 +443,7 @@ class MultirankHooks:
             report = watch.wait_end()
         if attempts:
             attempts.append(attempt_summary(report, job.attempt))
-            if _death(report):  # as torchrun's agent gives up: the death of the last attempt stands
+            if _death(report, watch.body_passed):  # as torchrun's agent gives up: the death of the last attempt stands
                 attempts.append(f"no restart left: restarts={job.max_restarts} were all used")
             item.add_report_section("call", f"attempts{under}", "\n".join(attempts))
         verdict = classify(

@@ -28,6 +28,7 @@ from typing import Any, Literal, NoReturn
 
 import pytest
 from _pytest._code import ExceptionInfo
+from _pytest.junitxml import xml_key
 from _pytest.outcomes import Exit, OutcomeException, Skipped, XFailed
 
 from .. import blobs
@@ -199,12 +200,12 @@ class SpmdHooks:
         self._session = session
         if self.rank == 0:
             return
-        # rank 0 reports the merged result of every test; junit XML comes from rank 0 alone
-        from _pytest.junitxml import xml_key
-
+        # rank 0 reports the merged result of every test; junit XML comes from rank 0 alone. The
+        # object stays until the session's end, unregistered (it writes no file):
+        # record_testsuite_property and record_xml_attribute record into it, and each result
+        # takes what they recorded to rank 0
         xml = self.config.stash.get(xml_key, None)
         if xml is not None:
-            del self.config.stash[xml_key]
             self.config.pluginmanager.unregister(xml)
         if not self.ddp.settings.verbose_ranks:
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -246,6 +247,9 @@ class SpmdHooks:
         _default_term()
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.rank != 0:
+            with contextlib.suppress(KeyError):  # junitxml's unconfigure would unregister it again
+                del self.config.stash[xml_key]
         if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.deselected:
             session.exitstatus = pytest.ExitCode.OK
             if self.rank == 0:

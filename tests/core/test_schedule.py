@@ -3,8 +3,15 @@ follows them, and the seeds users type."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
 import pytest
 
+from pytest_ddphooks import schedule
+from pytest_ddphooks.launch.schedule_board import MappedBoard
 from pytest_ddphooks.recorder import events
 from pytest_ddphooks.recorder.events import Event
 from pytest_ddphooks.schedule import (
@@ -114,6 +121,118 @@ def test_the_hook_holds_at_its_points_and_says_where() -> None:
         (3, 0, "end:dist.barrier#2"),
     ]
     assert describe_hold(0, {"seconds": 0.04, "at": "start:prepare_data"}) == "rank 0 held 40 ms at start:prepare_data"
+
+
+class FakeBoard:
+    """Peers whose places and states a test sets; ``moves`` changes them as the clock passes."""
+
+    def __init__(self) -> None:
+        self.places: dict[int, tuple[int, int]] = {}
+        self.stopped_ranks: set[int] = set()
+        self.told: list[tuple[int, int]] = []
+
+    def tell(self, segment: int, state: int) -> None:
+        self.told.append((segment, state))
+
+    def place(self, rank: int) -> tuple[int, int]:
+        return self.places.get(rank, (0, schedule.RUNNING))
+
+    def stopped(self, rank: int) -> bool:
+        return rank in self.stopped_ranks
+
+
+def held_by(board: FakeBoard, hold: Hold, moves: dict[float, Callable[[], None]] | None = None) -> dict:
+    """Run one hold at the rank's start on a clock that only the hold's own sleeps move."""
+    now = [0.0]
+    pending = sorted((moves or {}).items())
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        while pending and pending[0][0] <= now[0]:
+            pending.pop(0)[1]()
+
+    said: list[dict] = []
+    ScheduleHook([hold], said.append, board, clock=lambda: now[0], sleep=sleep).begin()
+    assert len(said) == 1
+    return said[0]
+
+
+def test_a_held_rank_waits_until_the_ranks_before_it_went_through() -> None:
+    board = FakeBoard()
+    # rank 1 works 0.3 s in its part, three times the hold planned from the plain run
+    said = held_by(board, Hold(0, 0, 0.1, after=(1,)), {0.3: lambda: board.places.update({1: (0, schedule.SYNCING)})})
+    assert said["seconds"] == pytest.approx(0.3, abs=0.002)
+    assert said["until"] == "until rank 1 went through"
+    assert describe_hold(0, said) == "rank 0 held 300 ms at the rank's start, until rank 1 went through"
+    # the board saw this rank held, then running again
+    assert board.told == [(0, schedule.RUNNING), (0, schedule.HELD), (0, schedule.RUNNING)]
+    for place in ((1, schedule.RUNNING), (0, schedule.DONE)):  # past the segment, or at its body's end
+        board = FakeBoard()
+        board.places[1] = place
+        assert held_by(board, Hold(0, 0, 0.1, after=(1,)))["seconds"] == 0
+
+
+def test_a_peer_that_stopped_running_ends_the_hold_after_its_planned_length() -> None:
+    """Blocked on the held rank where nothing is recorded (a native collective), or asleep."""
+    board = FakeBoard()
+    board.stopped_ranks.add(1)
+    said = held_by(board, Hold(0, 0, 0.1, after=(1,)))
+    assert 0.1 <= said["seconds"] < 0.11
+    assert said["until"] == "as rank 1 waited"
+    # a peer that is itself held waits its turn: it is not waiting on this rank
+    board.places[1] = (0, schedule.HELD)
+    said = held_by(board, Hold(0, 0, 0.1, after=(1,)), {0.2: lambda: board.places.update({1: (0, schedule.DONE)})})
+    assert said["seconds"] == pytest.approx(0.2, abs=0.002)
+
+
+def test_a_peer_still_at_work_ends_the_hold_at_its_stretch() -> None:
+    said = held_by(FakeBoard(), Hold(0, 0, 0.1, after=(1, 2)))
+    assert said["seconds"] == pytest.approx(schedule.HOLD_STRETCH * 0.1, abs=0.002)
+    assert said["until"] == "as ranks 1, 2 still ran"
+
+
+def test_the_hook_tells_the_board_where_the_rank_is() -> None:
+    board = FakeBoard()
+    hook = ScheduleHook([], lambda info: None, board)
+    hook.begin()
+    hook(events.COLLECTIVE, events.START, "dist.barrier", 1)
+    hook(events.COLLECTIVE, events.END, "dist.barrier", 1)
+    hook(events.CALL, events.START, "setup", 2)
+    hook.end()
+    assert board.told == [(0, schedule.RUNNING), (0, schedule.SYNCING), (1, schedule.RUNNING), (1, schedule.DONE)]
+
+
+def test_every_rank_of_a_run_reads_the_others_places_from_the_mapped_board(tmp_path) -> None:
+    path = str(tmp_path / "board")
+    first = MappedBoard(path, 0, 2)
+    assert first.place(1) == (0, schedule.RUNNING)
+    assert not first.stopped(1)  # not there yet: it will run
+    first.tell(3, schedule.HELD)
+    # rank 1 in a process of its own: it tells its place, then sleeps
+    rank1 = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from pytest_ddphooks.launch.schedule_board import MappedBoard\n"
+            "board = MappedBoard(sys.argv[1], 1, 2)\n"
+            "assert board.place(0) == (3, 2), board.place(0)\n"
+            "board.tell(5, 1)\n"
+            "time.sleep(60)\n",
+            path,
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (first.place(1) == (5, schedule.SYNCING) and first.stopped(1)) and rank1.poll() is None:
+            assert time.monotonic() < deadline, "rank 1 never told its place and slept"
+            time.sleep(0.01)
+        assert rank1.poll() is None, "rank 1 ended: it did not see rank 0's place"
+        assert not first.stopped(0)  # this process, running this test
+    finally:
+        rank1.kill()
+        rank1.wait()
+    assert first.stopped(1)  # gone
 
 
 def test_held_seconds_counts_each_segment_once_at_its_longest_hold() -> None:

@@ -207,6 +207,11 @@ def _gone_peer(report: RunReport, rank: int) -> int | None:
     return first
 
 
+def failed_on_its_own(report: RunReport, rank: int, result: RankResult) -> bool:
+    """Whether a rank's result is a failure of its own, not one of a peer going away."""
+    return result.outcome == "failed" and not _consequence(report, rank, result)
+
+
 def _consequence(report: RunReport, rank: int, result: RankResult) -> bool:
     return _gone_peer(report, rank) is not None and bool(PEER_GONE.search(result.message))
 

@@ -62,6 +62,7 @@ IDLE_LOOKS = 3  # a peer seen stopped this many looks running is waiting (on the
 
 # a rank's state on the board
 RUNNING, SYNCING, HELD, DONE = 0, 1, 2, 3
+HOLDING = "holding"  # in a hold's first record: it began; the second, once it ended, stands for it
 
 
 EXPLORE_UNDER_TORCHRUN = (
@@ -115,6 +116,7 @@ class Segment:
     end_ns: int
     until_ns: int = 0  # when the next one began: the collective that ends it returned
     opened_ns: int = 0  # when the collective that began it returned: 0 for a rank's first
+    ends: str = ""  # the call that ends it, with its group: "" for a rank's last
 
     @property
     def seconds(self) -> float:
@@ -147,7 +149,8 @@ class Profile:
                 if started is None:
                     started = e.t_ns
                 if e.phase == events.END and e.kind in _SYNC_KINDS:
-                    segments.append(_segment(points, started, last))
+                    ends = f"{e.kind}:{e.name}@{(e.info or {}).get('group', '')}"
+                    segments.append(dataclasses.replace(_segment(points, started, last), ends=ends))
                     points, started = 1, e.t_ns
                 else:
                     points += 1
@@ -166,6 +169,13 @@ class Profile:
     @property
     def segments(self) -> int:
         return max((len(s) for s in self.ranks.values()), default=1)
+
+    def aligned(self) -> bool:
+        """Whether segment k of every rank ends at the same call on the same group: then it is
+        one part of the run on every rank, and a held rank can wait for the others to go
+        through theirs. Sub-groups, sends and receives that end segments on some ranks only
+        misalign them: holds are then sleeps of their planned length."""
+        return len({tuple(s.ends for s in segs) for segs in self.ranks.values()}) <= 1
 
     def unit(self, rank: int, k: int) -> float:
         """The hold unit of the rank's segment ``k``: longer than the segment and than every
@@ -217,6 +227,7 @@ def holds(seed: int, world_size: int, profile: Profile) -> dict[int, list[Hold]]
     count = profile.segments
     chosen = sorted(rng.sample(range(count), min(count, MAX_SEGMENTS)))
     out: dict[int, list[Hold]] = {r: [] for r in range(world_size)}
+    aligned = profile.aligned()
     order = list(range(world_size))
     rng.shuffle(order)  # order[j]: the rank of priority j
     for k in chosen:
@@ -230,7 +241,8 @@ def holds(seed: int, world_size: int, profile: Profile) -> dict[int, list[Hold]]
             points = segs[k].points if k < len(segs) else 1
             # a change point inside the segment, before its last point (entering the next collective)
             point = rng.randrange(1, points - 1) if inside and points > 2 else 0
-            out[rank].append(Hold(k, point, priority * profile.unit(rank, k), tuple(order[:priority])))
+            after = tuple(order[:priority]) if aligned else ()
+            out[rank].append(Hold(k, point, priority * profile.unit(rank, k), after))
     return out
 
 
@@ -283,6 +295,7 @@ class ScheduleHook:
         self._main = threading.main_thread()
         self.segment = 0
         self.point = 0
+        self._state = RUNNING
         self._seen: dict[tuple[str, str, str], int] = {}  # how often the rank reached each point, as ``at=`` counts
 
     def begin(self) -> None:
@@ -293,6 +306,7 @@ class ScheduleHook:
         self._tell(DONE)
 
     def _tell(self, state: int) -> None:
+        self._state = state
         if self._board is not None:
             self._board.tell(self.segment, state)
 
@@ -316,16 +330,20 @@ class ScheduleHook:
         if hold is None:
             return
         began = self._clock()
+        info = {"seconds": hold.seconds, "at": where, "segment": self.segment, "point": self.point}
+        # said as it begins: a run that ends meanwhile (a peer died, the limit) still shows it
+        self._report({**info, HOLDING: True})
         if self._board is None or not hold.after:
             self._sleep(hold.seconds)
             until = ""
         else:
+            state = self._state
             self._tell(HELD)
             try:
                 until = self._wait(self._board, hold, began)
             finally:
-                self._tell(RUNNING)
-        info = {"seconds": self._clock() - began, "at": where, "segment": self.segment, "point": self.point}
+                self._tell(state)
+        info["seconds"] = self._clock() - began
         self._report({**info, "until": until} if until else info)
 
     def _wait(self, board: Board, hold: Hold, began: float) -> str:
@@ -345,6 +363,26 @@ class ScheduleHook:
             if waited >= hold.seconds and looks_stopped >= IDLE_LOOKS:
                 return f"as {_ranks(left)} waited"
             self._sleep(POLL)
+
+
+def ended_holds(held: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A rank's holds, each once: the record of its end, or of its start when the run ended
+    during it."""
+    out: list[dict[str, Any]] = []
+    for info in held:
+        if (
+            out
+            and out[-1].get(HOLDING)
+            and (out[-1].get("segment"), out[-1].get("point"))
+            == (
+                info.get("segment"),
+                info.get("point"),
+            )
+        ):
+            out[-1] = info
+        else:
+            out.append(info)
+    return out
 
 
 def held_seconds(held: Mapping[int, Sequence[Mapping[str, Any]]]) -> float:
@@ -373,5 +411,7 @@ def _longest_per_segment(holds: Iterable[tuple[int, float]]) -> float:
 def describe_hold(rank: int, info: Mapping[str, Any]) -> str:
     """``rank 0 held 40 ms at start:prepare_data, until rank 1 went through``"""
     ms = float(info.get("seconds", 0.0)) * 1000
+    if info.get(HOLDING):
+        return f"rank {rank} was being held at {info.get('at')} as the run ended ({ms:.0f} ms planned)"
     until = f", {info['until']}" if info.get("until") else ""
     return f"rank {rank} held {ms:.0f} ms at {info.get('at')}{until}"

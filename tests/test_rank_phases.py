@@ -692,6 +692,32 @@ def test_a_body_failure_then_a_death_in_teardown_is_not_restarted(inner) -> None
     ran.no_lines("*Captured attempts*")
 
 
+def test_which_deaths_a_restart_stands_for() -> None:
+    """A restart stands for a death, never for a failure: judged on the runs' reports alone."""
+    from pytest_ddphooks.plugin.multirank import _death
+    from pytest_ddphooks.report import RankExit, RankResult, RunReport
+
+    def run(**results: RankResult) -> RunReport:
+        report = RunReport(2, 10.0, results={int(r[1:]): res for r, res in results.items()})
+        report.exits = {0: RankExit(0, 100, 3, None), 1: RankExit(1, 101, 0, None)}
+        report.first_failure = 1 if "r1" in results and results["r1"].outcome == "failed" else None
+        return report
+
+    gone = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
+    # rank 0 died mid-body: rank 1's failure is a consequence
+    assert _death(run(r1=RankResult(1, "failed", message=gone)), body_passed=set())
+    # rank 0's body passed, then it died in teardown (it served the store): rank 1 failed of that
+    assert _death(run(r1=RankResult(1, "failed", message=gone)), body_passed={0})
+    # ... while everyone else passed: a death as ever
+    assert _death(run(r1=RankResult(1, "passed")), body_passed={0})
+    # ... beside rank 1's failure of its own, which came first: the test's outcome
+    assert not _death(run(r1=RankResult(1, "failed", message="AssertionError: no")), body_passed={0})
+    # its own failure, told before it died in teardown
+    told = run(r1=RankResult(1, "passed"))
+    told.before_teardown = {0: RankResult(0, "failed", message="AssertionError: no")}
+    assert not _death(told, body_passed=set())
+
+
 def test_an_xfail_with_raises_judges_another_ranks_teardown_error_by_its_type_as_pytest_does(inner) -> None:
     # pytest checks raises= against a plain test's teardown exception too: each multirank test
     # ends as its plain twin, the rank's teardown error being the twin's

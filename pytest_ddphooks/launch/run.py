@@ -30,7 +30,7 @@ from ..recorder import events
 from ..recorder.events import EventReader, RawEvent
 from ..recorder.timeline import Timeline
 from ..report import BEFORE_TEARDOWN, RankExit, RankResult, RunReport, Stall
-from ..schedule import planned_seconds
+from ..schedule import ended_holds, planned_seconds
 from ..stacks import ASK_NATIVE, ask, dump_stacks, without_harness_frames
 from . import procs, protocol
 from .job import Job
@@ -437,6 +437,7 @@ class RunWatch:
                 which = watch_only.get(rec[3])
                 if which is not None:
                     which.setdefault(r, []).append({**(rec[6] or {}), "t_ns": int(rec[1])})
+        report.held = {r: ended_holds(infos) for r, infos in report.held.items()}
         # last: the fork server removes the run's folder once its ranks are gone; when some
         # are still leaving, the session goes on without waiting for them
         report.swept = self.launcher.finish(job.test_id, job.label, wait=len(report.exits) == job.world_size)

@@ -25,7 +25,15 @@ from _pytest._code.code import ReprFileLocation
 from _pytest.outcomes import Skipped
 
 from .. import coverage_relay
-from ..failure import RunFailure, Verdict, attempt_summary, classify, interrupted_lines, ranks_words
+from ..failure import (
+    RunFailure,
+    Verdict,
+    attempt_summary,
+    classify,
+    failed_on_its_own,
+    interrupted_lines,
+    ranks_words,
+)
 from ..launch.job import Job
 from ..launch.run import RunWatch
 from ..leaks import Leak
@@ -79,7 +87,7 @@ def _death(report: RunReport, body_passed: Set[int]) -> bool:
     restart can stand for it. A failure is the test's outcome and is never restarted: not a rank
     whose test had failed before it died in its teardown, nor deaths in teardown alone (their
     bodies had ended: ``body_passed``, or an outcome told before the teardown) beside a rank
-    whose test failed in its body or a fixture's setup."""
+    whose test failed of its own in its body or a fixture's setup."""
     told = report.told_before_teardown()
     dead = [
         r
@@ -88,8 +96,9 @@ def _death(report: RunReport, body_passed: Set[int]) -> bool:
     ]
     if not dead or not all(r in told or r in body_passed for r in dead):
         return bool(dead)
-    ended = [*told.values(), *(res for res in report.results.values() if res.phase != "teardown")]
-    return not any(res.outcome == "failed" for res in ended)
+    ended = {**{r: res for r, res in report.results.items() if res.phase != "teardown"}, **told}
+    # a failure of a peer going away (rank 0, serving the store, died) is the death's, as ever
+    return not any(failed_on_its_own(report, r, res) for r, res in ended.items())
 
 
 class MultirankHooks:

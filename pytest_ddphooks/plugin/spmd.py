@@ -201,7 +201,7 @@ class SpmdHooks:
         if self.rank == 0:
             return
         # rank 0 reports the merged result of every test; junit XML comes from rank 0 alone. The
-        # object stays until the session's end, unregistered (it writes no file):
+        # object stays until unconfigure, unregistered (it writes no file):
         # record_testsuite_property and record_xml_attribute record into it, and each result
         # takes what they recorded to rank 0
         xml = self.config.stash.get(xml_key, None)
@@ -219,13 +219,14 @@ class SpmdHooks:
             for line in self.deselected:
                 terminalreporter.line(f"  {line}")
 
+    # pytest takes only names that start with pytest_ for hooks: a second implementation of one
+    # hook in this class needs such a name of its own
     @pytest.hookimpl(tryfirst=True, specname="pytest_unconfigure")
-    def default_term_once_reported(self, config: pytest.Config) -> None:
-        """A rank other than 0 has nothing left to report: a SIGTERM from torchrun (rank 0
-        ended with failures) ends it with the signal's default action from here, its stacks
-        no longer dumped on the terminal."""
-        if self.rank != 0:
-            _default_term()
+    def pytest_unconfigure_junit_first(self, config: pytest.Config) -> None:
+        """junitxml's unconfigure would unregister its object on a rank other than 0 again (it
+        left at the session's start): gone before it, however the session ended."""
+        if self.rank != 0 and xml_key in config.stash:
+            del config.stash[xml_key]
 
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -247,9 +248,6 @@ class SpmdHooks:
         _default_term()
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.rank != 0:
-            with contextlib.suppress(KeyError):  # junitxml's unconfigure would unregister it again
-                del self.config.stash[xml_key]
         if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.deselected:
             session.exitstatus = pytest.ExitCode.OK
             if self.rank == 0:

@@ -20,6 +20,7 @@ from pytest_ddphooks.schedule import (
     ScheduleError,
     ScheduleHook,
     describe_hold,
+    ended_holds,
     format_seed,
     held_seconds,
     holds,
@@ -114,13 +115,40 @@ def test_the_hook_holds_at_its_points_and_says_where() -> None:
     hook(events.COLLECTIVE, events.START, "dist.barrier", 5)
     hook(events.COLLECTIVE, events.END, "dist.barrier", 5)
     # numbered as a fault's point counts: the n-th time the rank reached it
-    assert [(d["segment"], d["point"], d["at"]) for d in said] == [
+    assert [(d["segment"], d["point"], d["at"]) for d in ended_holds(said)] == [
         (0, 0, "the rank's start"),
         (1, 1, "start:setup#1"),
         (2, 0, "end:dist.all_reduce.wait#1"),
         (3, 0, "end:dist.barrier#2"),
     ]
     assert describe_hold(0, {"seconds": 0.04, "at": "start:prepare_data"}) == "rank 0 held 40 ms at start:prepare_data"
+    # a run that ended during a hold (a peer died, the limit) shows the hold it was in
+    cut = ended_holds([*said, {"seconds": 0.05, "at": "mark:x#1", "segment": 4, "point": 1, schedule.HOLDING: True}])
+    assert len(cut) == 5
+    assert describe_hold(1, cut[-1]) == "rank 1 was being held at mark:x#1 as the run ended (50 ms planned)"
+
+
+def test_a_held_rank_waits_for_the_others_only_where_their_segments_are_the_same_parts() -> None:
+    aligned = Profile.of(plain_run(), {0: 0, 1: 0})
+    assert aligned.aligned()
+    for s in range(20):
+        for rank, own in holds(s, 2, aligned).items():
+            assert all(h.after == (1 - rank,) for h in own)
+    # 3 ranks: 0 and 1 all-reduce on a group of their own, which ends a segment on them only
+    sub = plain_run()
+    sub[0][1:1] = [
+        ev(0, 9, 1.5, events.COLLECTIVE, events.START, "dist.all_reduce", group="g1"),
+        ev(0, 9, 1.8, events.COLLECTIVE, events.END, "dist.all_reduce", group="g1"),
+    ]
+    sub[1][0:0] = [
+        ev(1, 9, 1.5, events.COLLECTIVE, events.START, "dist.all_reduce", group="g1"),
+        ev(1, 9, 1.8, events.COLLECTIVE, events.END, "dist.all_reduce", group="g1"),
+    ]
+    sub[2] = [ev(2, 0, 5, events.MARK, events.POINT, "write"), *(e for e in plain_run()[1][1:])]
+    misaligned = Profile.of(sub, {0: 0, 1: 0, 2: 0})
+    assert not misaligned.aligned()
+    # segment k is not one part of the run on every rank: a hold is a sleep of its planned length
+    assert all(not h.after for s in range(20) for own in holds(s, 3, misaligned).values() for h in own)
 
 
 class FakeBoard:
@@ -153,8 +181,10 @@ def held_by(board: FakeBoard, hold: Hold, moves: dict[float, Callable[[], None]]
 
     said: list[dict] = []
     ScheduleHook([hold], said.append, board, clock=lambda: now[0], sleep=sleep).begin()
-    assert len(said) == 1
-    return said[0]
+    # said as it began (for a run that ends during it), then as it ended, which stands for it
+    assert len(said) == 2 and said[0][schedule.HOLDING] and said[0]["seconds"] == hold.seconds
+    assert ended_holds(said) == [said[1]]
+    return said[1]
 
 
 def test_a_held_rank_waits_until_the_ranks_before_it_went_through() -> None:

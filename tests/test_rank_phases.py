@@ -716,6 +716,9 @@ def test_which_deaths_a_restart_stands_for() -> None:
     told = run(r1=RankResult(1, "passed"))
     told.before_teardown = {0: RankResult(0, "failed", message="AssertionError: no")}
     assert not _death(told, body_passed=set())
+    # its failure reported in full, then it crashed as it left
+    crashed = run(r0=RankResult(0, "failed", message="AssertionError: no"), r1=RankResult(1, "passed"))
+    assert not _death(crashed, body_passed=set())
 
 
 def test_an_xfail_with_raises_judges_another_ranks_teardown_error_by_its_type_as_pytest_does(inner) -> None:

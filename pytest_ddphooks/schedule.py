@@ -22,7 +22,9 @@ segment (entered the collective that ends it, or ended): their places are on a b
 of the run maps (``Board``), so the order a seed names is the order a replay gets however much
 slower the machine is than in the plain run. A peer that stops running (blocked on the held rank
 in native code nothing records, or asleep) lets the hold end after its planned length, as a
-sleep would; a peer at work keeps it, up to ``HOLD_STRETCH`` times that. A hold always ends, so
+sleep would; a peer at work keeps it, up to ``HOLD_STRETCH`` times that. Only where segment k is
+the same part of the run on every rank (``Profile.aligned``): otherwise a hold is a sleep of its
+planned length. A hold always ends, so
 a schedule cannot deadlock correct code, and a rank held while its peers wait in a collective
 only makes them wait longer (a hold is never inside a collective, so the desync detector sees
 nothing to compare). Only a segment's span is measured: the schedule is a function of the seed

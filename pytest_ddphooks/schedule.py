@@ -22,13 +22,13 @@ segment (entered the collective that ends it, or ended): their places are on a b
 of the run maps (``Board``), so the order a seed names is the order a replay gets however much
 slower the machine is than in the plain run. A peer that stops running (blocked on the held rank
 in native code nothing records, or asleep) lets the hold end after its planned length, as a
-sleep would; a peer at work keeps it, up to ``HOLD_STRETCH`` times that. Only where segment k is
-the same part of the run on every rank (``Profile.aligned``): otherwise a hold is a sleep of its
-planned length. A hold always ends, so
-a schedule cannot deadlock correct code, and a rank held while its peers wait in a collective
-only makes them wait longer (a hold is never inside a collective, so the desync detector sees
-nothing to compare). Only a segment's span is measured: the schedule is a function of the seed
-and the plain run's profile, and replaying a seed on the same code gives the same holds.
+sleep would; a peer at work keeps it, up to ``HOLD_STRETCH`` times that. That is where segment k
+is the same part of the run on every rank (``Profile.aligned``); elsewhere a hold is a sleep of
+its planned length. A hold always ends, so a schedule cannot deadlock correct code, and a rank
+held while its peers wait in a collective only makes them wait longer (a hold is never inside a
+collective, so the desync detector sees nothing to compare). Only a segment's span is measured:
+the schedule is a function of the seed and the plain run's profile, and replaying a seed on the
+same code gives the same holds.
 """
 
 from __future__ import annotations
@@ -372,19 +372,15 @@ def ended_holds(held: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     during it."""
     out: list[dict[str, Any]] = []
     for info in held:
-        if (
-            out
-            and out[-1].get(HOLDING)
-            and (out[-1].get("segment"), out[-1].get("point"))
-            == (
-                info.get("segment"),
-                info.get("point"),
-            )
-        ):
+        if out and out[-1].get(HOLDING) and _where(out[-1]) == _where(info):
             out[-1] = info
         else:
             out.append(info)
     return out
+
+
+def _where(info: Mapping[str, Any]) -> tuple[Any, Any]:
+    return info.get("segment"), info.get("point")
 
 
 def held_seconds(held: Mapping[int, Sequence[Mapping[str, Any]]]) -> float:

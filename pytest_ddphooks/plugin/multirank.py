@@ -85,9 +85,9 @@ PREPARED_KEY = pytest.StashKey[bool]()  # the test's ranks were set up before it
 def _death(report: RunReport, body_passed: Set[int]) -> bool:
     """A rank died (killed by a signal, injected or not, or gone before reporting) where a
     restart can stand for it. A failure is the test's outcome and is never restarted: not a rank
-    whose test had failed before it died (in its teardown, or as it left), nor deaths in teardown alone (their
-    bodies had ended: ``body_passed``, or an outcome told before the teardown) beside a rank
-    whose test failed of its own in its body or a fixture's setup."""
+    whose test had failed before it died (in its teardown, or as it left), nor deaths in
+    teardown alone (their bodies had ended: ``body_passed``, or an outcome told before the
+    teardown) beside a rank whose test failed of its own in its body or a fixture's setup."""
     told = report.told_before_teardown()
     failed = {r for r, res in [*told.items(), *report.results.items()] if res.outcome == "failed"}
     dead = [

@@ -207,9 +207,15 @@ def _gone_peer(report: RunReport, rank: int) -> int | None:
     return first
 
 
-def failed_on_its_own(report: RunReport, rank: int, result: RankResult) -> bool:
-    """Whether a rank's result is a failure of its own, not one of a peer going away."""
-    return result.outcome == "failed" and not _consequence(report, rank, result)
+def failed_before_teardown(report: RunReport) -> list[int]:
+    """The ranks whose test failed of its own (not of a peer going away) in its body or a
+    fixture's setup, whether or not their result came after the teardown."""
+    ended = {**report.told_before_teardown(), **report.results}
+    return [
+        r
+        for r, res in ended.items()
+        if res.outcome == "failed" and res.phase != "teardown" and not _consequence(report, r, res)
+    ]
 
 
 def _consequence(report: RunReport, rank: int, result: RankResult) -> bool:
@@ -665,12 +671,7 @@ def _teardown_apart(report: RunReport, setup_done: set[int] | None, body_passed:
     part. Each report names the ranks whose failure the other holds (``RunFailure.beside``)."""
     n = report.world_size
     told = report.told_before_teardown()
-    ended = {**told, **report.results}
-    own = [
-        r
-        for r, res in ended.items()
-        if res.outcome == "failed" and res.phase != "teardown" and not _consequence(report, r, res)
-    ]
+    own = failed_before_teardown(report)
     errors = {r: res.teardown_error for r, res in report.results.items() if res.teardown_error is not None}
     alone = {
         r: res

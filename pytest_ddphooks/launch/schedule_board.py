@@ -6,10 +6,11 @@ from __future__ import annotations
 import mmap
 import os
 
+from ..schedule import DONE
 from . import procs
 
-_WORDS = 2  # per rank: its pid, and its place (segment * 4 + state) in one word, written at once
-_STATES = 4
+_STATES = DONE + 1  # a place is segment * _STATES + state
+_WORDS = 2  # per rank: its pid, and its place in one word, written at once
 
 
 class MappedBoard:

@@ -30,7 +30,7 @@ from ..failure import (
     Verdict,
     attempt_summary,
     classify,
-    failed_on_its_own,
+    failed_before_teardown,
     interrupted_lines,
     ranks_words,
 )
@@ -95,9 +95,8 @@ def _death(report: RunReport, body_passed: Set[int]) -> bool:
     ]
     if not dead or not all(r in told or r in body_passed for r in dead):
         return bool(dead)
-    ended = {**{r: res for r, res in report.results.items() if res.phase != "teardown"}, **told}
     # a failure of a peer going away (rank 0, serving the store, died) is the death's, as ever
-    return not any(failed_on_its_own(report, r, res) for r, res in ended.items())
+    return not failed_before_teardown(report)
 
 
 class MultirankHooks:

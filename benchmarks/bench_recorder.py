@@ -116,6 +116,10 @@ def per_call_seconds(n: int = 200_000) -> dict[str, float]:
     return out
 
 
+def _noop_all_reduce(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> None:
+    return None
+
+
 def dist_call_seconds(n: int = 2000) -> dict[str, float]:
     """Seconds per ``dist.all_reduce`` on a world-size-1 gloo group, with and without a recorder."""
     from pytest_ddphooks.recorder import distpatch
@@ -134,8 +138,9 @@ def dist_call_seconds(n: int = 2000) -> dict[str, float]:
             out["all_reduce (patched, no recorder)"] = (
                 min(timeit.repeat(lambda: dist.all_reduce(t), number=n, repeat=3)) / n
             )
-            # the recorder's own work, without a collective: its wrapper around a no-op
-            noop = distpatch._wrap_function("all_reduce", lambda *args, **kwargs: None)
+            # the recorder's own work, without a collective: its wrapper around a no-op that takes
+            # all_reduce's arguments (so the call is described as a real one: its tensor is found)
+            noop = distpatch._wrap_function("all_reduce", _noop_all_reduce)
             out["no-op in the all_reduce wrapper, no recorder"] = (
                 min(timeit.repeat(lambda: noop(t), number=n, repeat=3)) / n
             )

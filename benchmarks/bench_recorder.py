@@ -355,7 +355,7 @@ def test_fsdp_steps(rank, recorder):
     modes = ("on", "off", "busy")
     blocks = []
     recorded_steps = 0
-    before = len(recorder._raw)
+    before = len(recorder.records())
     for b in range({blocks}):
         # every rank switches at the same step (the two ranks run in lockstep); the order of the
         # three modes rotates from block to block, so none always follows the same one
@@ -365,7 +365,7 @@ def test_fsdp_steps(rank, recorder):
     # the calls recorded (not the marks, nor collectives read from the flight recorder later)
     recorded_calls = sum(
         1
-        for e in recorder._raw[before:]
+        for e in recorder.records()[before:]
         if e[4] == "start" and e[3] not in ("mark", "meta") and not (e[6] or {{}}).get("native")
     )
     active.resume(log)

@@ -382,7 +382,7 @@ class SpmdHooks:
 
     def _post_events(self, recorder: Recorder) -> None:
         """This rank's events of the test, in the store for every rank to read."""
-        chunks = blobs.put(self.coord.store, f"{self._events_key}/{self.rank}", marshal.dumps(list(recorder._raw)))
+        chunks = blobs.put(self.coord.store, f"{self._events_key}/{self.rank}", marshal.dumps(recorder.records()))
         self.coord.store.set(f"{self._events_key}/{self.rank}/n", str(chunks).encode())
 
     def _events_of(self, rank: int) -> bytes | None:
@@ -704,7 +704,7 @@ class SpmdHooks:
             faulthandler.dump_traceback(file=f, all_threads=True)
             f.seek(0)
             stacks = parse_stacks(f.read())
-        timeline = Timeline.from_raw({self.rank: list(recorder._raw)})
+        timeline = Timeline.from_raw({self.rank: recorder.records()})
         # what the stuck test printed on this rank until now
         post = HangPost("", output=[(key, text) for _, key, text in _captured_streams(item)])
         for event in timeline.events:

@@ -157,7 +157,7 @@ class Recorder(EventLog):
     @property
     def events(self) -> list[events.Event]:
         """This rank's events so far."""
-        return events.to_events(self.rank, self._raw)[0]
+        return events.to_events(self.rank, self.records())[0]
 
     def read_native(self, grace: bool = True) -> None:
         """Add what native code issued since the last look (DDP's reducer, compiled graphs),
@@ -183,7 +183,7 @@ class Recorder(EventLog):
     def timeline(self) -> Timeline:
         """The merged Timeline of every rank (a collective in a multirank test)."""
         self.read_native()
-        local = list(self._raw)
+        local = self.records()
         if self._exchange is None:
             return Timeline.from_raw({self.rank: local})
         self._exchanges += 1

@@ -146,7 +146,12 @@ class EventLog:
         if world_size is None:
             world_size = group[1] if group is not None else int(os.environ.get("WORLD_SIZE", 1))
         self.rank, self.world_size = rank, world_size
-        self._raw: list[RawEvent] = []
+        # the records, a call's kept packed (``_pack``): read them through ``records()``
+        self._raw: list[tuple[Any, ...]] = []
+        # (id(static), numbered) -> its form's number; number -> (static, numbered), kept alive
+        # so that no other dict takes its id
+        self._form_of: dict[tuple[int, tuple[str, ...]], int] = {}
+        self._forms: list[tuple[dict[str, Any], tuple[str, ...]]] = []
         self._file = EventFile(event_file) if event_file is not None else None
         _live_logs.add(self)
         self._ids = itertools.count(1)
@@ -315,7 +320,24 @@ class EventLog:
                 for issued in barriers:
                     issued.append(call_id)
         record = (call_id, time_ns(), lane, kind, phase, name, info)
-        self._raw.append(record)
+        if static is None:
+            self._raw.append(record)
+        else:
+            # kept packed: CPython never stops tracking a tuple that holds a dict, so every
+            # call's start would be one more object each full collection walks, its info dict
+            # (~360 bytes) kept too; read back whole by ``records()``
+            form = self._form_of.get((id(static), numbered))
+            if form is None:
+                form = self._new_form(static, numbered)
+            if form is None:
+                self._raw.append(record)
+            elif not numbered:
+                self._raw.append((call_id, record[1], lane, kind, phase, name, (form,)))
+            else:
+                assert info is not None  # static plus the integers numbered names (at most two)
+                first = info[numbered[0]]
+                values = (form, first) if len(numbered) == 1 else (form, first, info[numbered[1]])
+                self._raw.append((call_id, record[1], lane, kind, phase, name, values))
         file = self._file
         if file is not None:
             with self._lock:
@@ -366,6 +388,30 @@ class EventLog:
         if info is not None and info.get("issued") is False and kind in _SYNC_KINDS:
             _uncount(call_id)
         self._emit(kind, END, name, info, call_id, static)
+
+    def _new_form(self, static: dict[str, Any], numbered: tuple[str, ...]) -> int | None:
+        """The number of a new form of call info (``static`` plus the integers named in
+        ``numbered``); None past a bound (forms that do not repeat are kept whole)."""
+        if len(self._forms) >= events.MAX_TEMPLATES:
+            return None
+        form = self._form_of[(id(static), numbered)] = len(self._forms)
+        self._forms.append((static, numbered))
+        return form
+
+    def records(self) -> list[RawEvent]:
+        """Every record so far, as written (a call's info whole)."""
+        forms = self._forms
+        out = []
+        for record in list(self._raw):
+            packed = record[6]
+            if type(packed) is tuple:
+                static, numbered = forms[packed[0]]
+                info = dict(static)
+                if numbered:
+                    info.update(zip(numbered, packed[1:], strict=True))
+                record = (*record[:6], info)
+            out.append(record)
+        return out
 
     def mark(self, name: str, /, **info: Any) -> None:
         """Record a point event ``name`` with optional details."""
@@ -748,9 +794,6 @@ class EventLog:
         return [(call_id, name, info) for _, call_id, name, info, _ in self._pending.values()]
 
     # -- what native code issued (``native.NativeCalls``) ----------------------------------
-
-    def records(self) -> list[RawEvent]:
-        return self._raw
 
     def next_call_id(self) -> int:
         return next(self._ids)

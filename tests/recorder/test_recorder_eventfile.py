@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import marshal
 import os
 import signal
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,7 +146,7 @@ def test_a_recorder_file_holds_what_the_recorder_holds(tmp_path: Path) -> None:
     h.step()
     rec.mark("done", epoch=1)
     raw = list(read_raw(path))  # readable before close, as the orchestrator reads a hung rank
-    assert raw == rec._raw
+    assert raw == rec.records()
     rec.close()
     assert list(read_raw(path)) == raw
     evs, lanes, idents = to_events_and_threads(0, raw)
@@ -314,7 +316,7 @@ def test_a_recorded_collective_and_its_wait_are_written_compact(tmp_path: Path) 
                 dist.all_reduce(t, async_op=True).wait()
             written = list(read_raw(path))
             templates = len(rec._file._templates)
-            raw = list(rec._raw)
+            raw = rec.records()
     finally:
         dist.destroy_process_group()
     assert written == raw
@@ -370,3 +372,49 @@ def test_an_event_file_with_no_room_to_grow_says_so(tmp_path: Path, monkeypatch:
     monkeypatch.undo()
     assert len(list(read_raw(tmp_path / "events"))) > 1_000, "what was written before stays readable"
     f.close()
+
+
+def _tracked_after(record: Callable[[], None], n: int) -> int:
+    """How many more objects the garbage collector tracks after ``n`` calls of ``record``."""
+    gc.collect()
+    before = len(gc.get_objects())
+    for _ in range(n):
+        record()
+    gc.collect()
+    gc.collect()  # a tuple is let go of once what it holds was, one collection later
+    return len(gc.get_objects()) - before
+
+
+def test_what_a_recorder_keeps_of_a_call_is_nothing_the_collector_walks(tmp_path: Path) -> None:
+    # a full collection walks every object it tracks: a call's start event kept with its info
+    # dict would be one more for each call, for as long as the recorder lives
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from pytest_ddphooks.recorder import distpatch
+
+    class Hooks:
+        def step(self) -> None:
+            pass
+
+    distpatch.install()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        with Recorder(0, 1, event_file=tmp_path / "events") as rec:
+            hooks = rec.instrument(Hooks(), "step")
+            t = torch.ones(4)
+            hooks.step()  # the first call of each kind describes its form
+            dist.all_reduce(t)
+            assert _tracked_after(hooks.step, 2_000) < 100
+            assert _tracked_after(lambda: dist.all_reduce(t), 2_000) < 100
+            assert _tracked_after(lambda: dist.all_reduce(t, async_op=True).wait(), 1_000) < 100
+            raw = rec.records()
+    finally:
+        dist.destroy_process_group()
+    # and every record reads back whole
+    starts = [r for r in raw if r[3] == events.COLLECTIVE and r[4] == events.START]
+    assert len(starts) == 1 + 2_000 + 1_000
+    assert [r[6]["seq"] for r in starts[-3:]] == [2_999, 3_000, 3_001]
+    assert all(r[6]["op"] == "all_reduce" and r[6]["payload"] == "float32[4]" for r in starts)
+    steps = [r for r in raw if r[5] == "step" and r[4] == events.START]
+    assert len(steps) == 2_001 and all(r[6] == {"qualname": steps[0][6]["qualname"]} for r in steps)

@@ -389,7 +389,7 @@ def test_timeline_through_an_exchange() -> None:
     other.mark("from_one")
 
     def exchange(blob: bytes) -> list[bytes]:
-        return [blob, marshal.dumps(other._raw)]
+        return [blob, marshal.dumps(other.records())]
 
     rec = Recorder(0, 2, exchange=exchange)
     rec.mark("from_zero")

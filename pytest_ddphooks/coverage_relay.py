@@ -23,6 +23,7 @@ import contextlib
 import glob
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -187,7 +188,13 @@ def _decide_loaded_files(cov: Any) -> None:
 
 class RankMeasurement:
     """A rank's measurement of its test: running while the test's own code runs (fixtures,
-    body, finalizers), not while the harness sets the test up or reports it."""
+    body, finalizers), not while the harness sets the test up or reports it.
+
+    Inside ``test_code()`` the measurement is started, but the rank's main thread is traced
+    only within ``user_code()`` (a fixture's function, the body's call, a finalizer): with a
+    trace function set, Python 3.11 runs every line of every frame slower, traced file or not
+    (3 to 4 times, measured), and the harness's own work between them (its fixture
+    resolution, its notes, the reports) is most of a trivial test's rank."""
 
     def __init__(self) -> None:
         global _in_rank
@@ -197,6 +204,7 @@ class RankMeasurement:
 
     @contextlib.contextmanager
     def test_code(self) -> Iterator[None]:
+        global _sections
         cov = self.cov
         started = False
         if cov is not None:
@@ -206,9 +214,12 @@ class RankMeasurement:
                 else:
                     cov.start()
                 started = True
+        if started:
+            _sections = _UserCode.around_tracer()
         try:
             yield
         finally:
+            _sections = None  # the measurement pauses the tracer, stopped or not
             if started:
                 assert cov is not None  # started only when there is one
                 if self._resumes:
@@ -216,6 +227,56 @@ class RankMeasurement:
                         cov._collector.pause()
                 else:
                     stop(cov)
+
+
+class _UserCode:
+    """The main thread's coverage tracer, stopped while the harness works inside a rank's
+    ``test_code()`` and started while the test's own code runs (``user_code()``, which nests).
+
+    Started in ``__enter__`` and stopped in ``__exit__``: the tracer never sees the call of
+    ``__enter__`` and sees its return, then sees the call of ``__exit__`` and never its return,
+    so its own stack of frames is as it was (what ``HarnessWork`` does the other way round)."""
+
+    def __init__(self, tracer: Any) -> None:
+        self.tracer = tracer
+        self.thread = threading.get_ident()
+        self.depth = 0
+
+    @classmethod
+    def around_tracer(cls) -> _UserCode | None:
+        """Stop this thread's tracer, if it is coverage's C tracer (any other is left running:
+        everything is measured then, as before)."""
+        tracer = sys.gettrace()
+        if type(tracer).__name__ != "CTracer":
+            return None
+        tracer.stop()  # type: ignore[union-attr]
+        return cls(tracer)
+
+    def __enter__(self) -> None:
+        if threading.get_ident() != self.thread:
+            return  # another thread's tracer is coverage's own, started with the thread
+        self.depth += 1
+        if self.depth == 1:
+            self.tracer.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            self.tracer.stop()
+
+
+_sections: _UserCode | None = None  # a rank's, while its test_code() runs under a C tracer
+
+
+def user_code() -> contextlib.AbstractContextManager[Any]:
+    """Where the test's own code runs inside a rank (a fixture's function, the body, a
+    finalizer): measured there, and only there, when the session measures coverage."""
+    return _sections if _sections is not None else _NOTHING
+
+
+_NOTHING = contextlib.nullcontext()
 
 
 def _rank_coverage() -> Any | None:

@@ -91,6 +91,70 @@ def test_a_function_whose_branches_run_on_different_ranks_shows_100_percent(proj
     result.stdout.fnmatch_lines(["mypkg/code.py * 4 * 0 * 100%"])
 
 
+EVERY_PLACE = """
+def fixture_setup():
+    return 1
+
+
+def fixture_teardown():
+    return 2
+
+
+def asked_for():
+    return 3
+
+
+def finalizer():
+    return 4
+
+
+def in_thread():
+    return 5
+
+
+def in_body(rank):
+    if rank == 0:
+        return 6
+    return 7
+"""
+
+
+def test_the_tests_own_code_counts_wherever_a_rank_runs_it(project) -> None:
+    # a rank traces only the test's own code (its fixtures, its body, its finalizers), not the
+    # harness between them: each place the test's code is called from is measured
+    (project.path / "mypkg" / "places.py").write_text(EVERY_PLACE)
+    project.makepyfile(
+        test_places="""
+        import threading
+        import pytest
+        from mypkg import places
+
+        @pytest.fixture
+        def asked():
+            return places.asked_for()
+
+        @pytest.fixture
+        def prepared(rank, request):
+            places.fixture_setup()
+            request.addfinalizer(places.finalizer)
+            assert request.getfixturevalue("asked") == 3
+            yield
+            places.fixture_teardown()
+
+        class TestPlaces:
+            @pytest.mark.multirank(world_size=2)
+            def test_every_place(self, rank, prepared):
+                t = threading.Thread(target=places.in_thread)
+                t.start()
+                t.join()
+                places.in_body(rank)
+        """
+    )
+    result = _with_cov(project, "--cov-report=term-missing", "test_places.py")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["mypkg/places.py * 14 * 0 * 100%"])
+
+
 ONLY_RANKS = """
 import pytest
 import torch.distributed as dist

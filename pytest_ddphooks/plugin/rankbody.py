@@ -262,9 +262,10 @@ def _run_body(
     with ctx.measured.test_code():  # coverage: the test's own code, not the harness around it
         enter("setup")
         try:
-            values = _rebuilt(payload.values)
-            if payload.instance_state is not None:
-                restore_test_state(item, payload.instance_state)
+            with coverage_relay.user_code():  # unpickling may run the project's code
+                values = _rebuilt(payload.values)
+                if payload.instance_state is not None:
+                    restore_test_state(item, payload.instance_state)
             _reseed_as_the_session(item, "setup")
             fixtures = RankFixtures(item, values, builtins, payload.dependent)
             if payload.base_tmp_path is not None:
@@ -281,7 +282,8 @@ def _run_body(
             mark("call")
             _trace_body(ctx, item)
             _reseed_as_the_session(item, "call")
-            item.ihook.pytest_pyfunc_call(pyfuncitem=item)
+            with coverage_relay.user_code():
+                item.ihook.pytest_pyfunc_call(pyfuncitem=item)
             _stray_exceptions(item)
             if fixtures.finalizers:  # dying in their teardown is then reported as teardown
                 ctx.note("call", "passed")

@@ -20,6 +20,8 @@ from typing import Any, NoReturn
 import pytest
 from _pytest.tmpdir import TempPathFactory
 
+from .. import coverage_relay
+
 # what only makes sense in the process the body runs in: each rank captures, records,
 # patches and collects warnings of its own
 RANK_LOCAL = frozenset(
@@ -481,7 +483,8 @@ class RankFixtures:
             )
         if inspect.isgeneratorfunction(func):
             gen = func(**kwargs)
-            value = next(gen)
+            with coverage_relay.user_code():
+                value = next(gen)
 
             def finish(gen: Any = gen) -> None:
                 __tracebackhide__ = True
@@ -493,7 +496,8 @@ class RankFixtures:
 
             self.finalizers.append(finish)
             return value
-        return func(**kwargs)
+        with coverage_relay.user_code():
+            return func(**kwargs)
 
     def funcargs(self, dependent: list[str]) -> dict[str, Any]:
         """``item.funcargs`` in the rank, as pytest fills it: the test's arguments, once every
@@ -512,7 +516,8 @@ class RankFixtures:
         errors: list[BaseException] = []
         while self.finalizers:
             try:
-                self.finalizers.pop()()
+                with coverage_relay.user_code():
+                    self.finalizers.pop()()
             except BaseException as exc:  # every finalizer runs, as in pytest
                 errors.append(exc)
         return errors

@@ -392,10 +392,14 @@ class EventLog:
     def _new_form(self, static: dict[str, Any], numbered: tuple[str, ...]) -> int | None:
         """The number of a new form of call info (``static`` plus the integers named in
         ``numbered``); None past a bound (forms that do not repeat are kept whole)."""
-        if len(self._forms) >= events.MAX_TEMPLATES:
-            return None
-        form = self._form_of[(id(static), numbered)] = len(self._forms)
-        self._forms.append((static, numbered))
+        key = (id(static), numbered)
+        with self._lock:  # two threads' first calls of two forms must not take one number
+            form = self._form_of.get(key)
+            if form is None:
+                if len(self._forms) >= events.MAX_TEMPLATES:
+                    return None
+                form = self._form_of[key] = len(self._forms)
+                self._forms.append((static, numbered))
         return form
 
     def records(self) -> list[RawEvent]:

@@ -235,12 +235,17 @@ class _UserCode:
 
     Started in ``__enter__`` and stopped in ``__exit__``: the tracer never sees the call of
     ``__enter__`` and sees its return, then sees the call of ``__exit__`` and never its return,
-    so its own stack of frames is as it was (what ``HarnessWork`` does the other way round)."""
+    so its own stack of frames is as it was (what ``HarnessWork`` does the other way round).
+    That holds only while nobody else takes the thread's trace function: once another tracer
+    replaced or cleared it inside the test's code (pdb at a ``breakpoint()``), the tracer's
+    stack no longer matches the frames, and started again it would write the harness's lines
+    into the test's files; it is then left alone for the rest of the rank, as pdb leaves it."""
 
     def __init__(self, tracer: Any) -> None:
         self.tracer = tracer
         self.thread = threading.get_ident()
         self.depth = 0
+        self.lost = False
 
     @classmethod
     def around_tracer(cls) -> _UserCode | None:
@@ -256,15 +261,21 @@ class _UserCode:
         if threading.get_ident() != self.thread:
             return  # another thread's tracer is coverage's own, started with the thread
         self.depth += 1
-        if self.depth == 1:
-            self.tracer.start()
+        if self.depth == 1 and not self.lost:
+            if sys.gettrace() is not None:  # someone else's (a debugger stepping out of the test's code)
+                self.lost = True
+            else:
+                self.tracer.start()
 
     def __exit__(self, *exc: object) -> None:
         if threading.get_ident() != self.thread:
             return
         self.depth -= 1
-        if self.depth == 0:
-            self.tracer.stop()
+        if self.depth == 0 and not self.lost:
+            if id(sys.gettrace()) == id(self.tracer):  # (an ``is`` would narrow the tracer's type)
+                self.tracer.stop()
+            else:  # replaced or cleared inside the test's code: never started again
+                self.lost = True
 
 
 _sections: _UserCode | None = None  # a rank's, while its test_code() runs under a C tracer

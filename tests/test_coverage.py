@@ -155,6 +155,82 @@ def test_the_tests_own_code_counts_wherever_a_rank_runs_it(project) -> None:
     result.stdout.fnmatch_lines(["mypkg/places.py * 14 * 0 * 100%"])
 
 
+def test_the_projects_code_a_failing_ranks_report_runs_counts(project) -> None:
+    # the rank formats its failure: the exception's own __str__ runs there, as it runs in the
+    # pytest process for a plain test's report
+    # (the pytest process remakes the exception from its text: Oops("failed with code 3"))
+    (project.path / "mypkg" / "errors.py").write_text(
+        "class Oops(Exception):\n"
+        "    def __init__(self, msg='', code=None):\n"
+        "        super().__init__(msg)\n"
+        "        self.code = code\n"
+        "\n"
+        "    def __str__(self):\n"
+        "        if self.code is not None:\n"
+        "            return f'failed with code {self.code}'\n"
+        "        return super().__str__()\n"
+    )
+    project.makepyfile(
+        test_fails="""
+        import pytest
+        from mypkg.errors import Oops
+
+        @pytest.mark.multirank(world_size=1)
+        @pytest.mark.xfail(raises=Oops, strict=True)
+        def test_rank_raises(rank):
+            raise Oops(code=3)
+        """
+    )
+    result = _with_cov(project, "--cov-report=term-missing", "test_fails.py")
+    result.assert_outcomes(xfailed=1)
+    result.stdout.fnmatch_lines(["mypkg/errors.py * 8 * 0 * 100%"])
+
+
+def test_a_debugger_taking_the_tracer_in_a_rank_adds_no_line_that_never_ran(project) -> None:
+    # pdb replaces coverage's tracer at a breakpoint() and clears it at "continue": started
+    # again, coverage's record of the frames it was in would no longer match them, and the
+    # harness's lines would be counted in the project's file
+    from ptyproc import PtyProcess
+
+    (project.path / "mypkg" / "deep.py").write_text(
+        "def outer():\n"
+        "    inner()\n"
+        "\n"
+        "\n"
+        "def inner():\n"
+        "    breakpoint()\n"
+        "\n"
+        "\n"
+        "def finalizer():\n"
+        "    return 2\n"
+        "\n"
+        "\n"
+        "def never_called():\n" + "".join(f"    x{i} = {i}\n" for i in range(14, 700))
+    )
+    project.makepyfile(
+        test_deep="""
+        import pytest
+        from mypkg import deep
+
+        @pytest.fixture
+        def finalized(rank, request):
+            request.addfinalizer(deep.finalizer)
+            request.addfinalizer(deep.finalizer)
+
+        @pytest.mark.multirank(world_size=1, timeout=60)
+        def test_breaks(rank, finalized):
+            deep.outer()
+        """
+    )
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "--cov=mypkg", "--cov-report=term-missing"]
+    proc = PtyProcess([*argv, "test_deep.py"], str(project.path))
+    proc.expect("(Pdb) ")
+    proc.send("c")
+    assert proc.wait() == 0, proc.text
+    missed = next(line for line in proc.text.splitlines() if line.startswith("mypkg/deep.py")).split()[-1]
+    assert missed.endswith("14-699"), proc.text  # not one line of never_called()
+
+
 ONLY_RANKS = """
 import pytest
 import torch.distributed as dist

@@ -266,7 +266,8 @@ def _run_body(
                 values = _rebuilt(payload.values)
                 if payload.instance_state is not None:
                     restore_test_state(item, payload.instance_state)
-            _reseed_as_the_session(item, "setup")
+            with coverage_relay.user_code():  # a project's own seeders, registered with pytest-randomly
+                _reseed_as_the_session(item, "setup")
             fixtures = RankFixtures(item, values, builtins, payload.dependent)
             if payload.base_tmp_path is not None:
                 fixtures.set_base("tmp_path", Path(payload.base_tmp_path))
@@ -281,7 +282,8 @@ def _run_body(
             phase = "call"
             mark("call")
             _trace_body(ctx, item)
-            _reseed_as_the_session(item, "call")
+            with coverage_relay.user_code():
+                _reseed_as_the_session(item, "call")
             with coverage_relay.user_code():
                 item.ihook.pytest_pyfunc_call(pyfuncitem=item)
             _stray_exceptions(item)
@@ -294,7 +296,8 @@ def _run_body(
             if _wants_post_mortem(ctx, exc):  # --pdb opens on a fixture's error too, as pytest's does
                 assert ctx.debugger is not None
                 ctx.debugger.post_mortem(exc)
-            ended_before_teardown = _told_before_teardown(item, ctx, exc, phase, started, payload.markup)
+            with coverage_relay.user_code():  # the report calls the project's __repr__ and __str__, as pytest's
+                ended_before_teardown = _told_before_teardown(item, ctx, exc, phase, started, payload.markup)
         # as pytest ends a call: what capsys/capfd captured and nobody read is the call's output
         capman = item.config.pluginmanager.getplugin("capturemanager")
         with contextlib.suppress(Exception):

@@ -238,6 +238,9 @@ class EventLog:
         of the file would overwrite its records. What this one records is dropped, and said once.
         A log in memory alone (a Recorder a test module made in the pytest process, which its
         ranks inherit) records on in each process, as its own."""
+        # another thread may have held the lock as the fork was made: in this process, where
+        # that thread does not exist, it would stay held
+        self._lock = threading.Lock()
         if self._file is None:
             return
         self._file = None  # this process's copy of the mapping is never written again
@@ -398,8 +401,9 @@ class EventLog:
             if form is None:
                 if len(self._forms) >= events.MAX_TEMPLATES:
                     return None
-                form = self._form_of[key] = len(self._forms)
+                form = len(self._forms)
                 self._forms.append((static, numbered))
+                self._form_of[key] = form  # published once its form is there to read
         return form
 
     def records(self) -> list[RawEvent]:

@@ -71,6 +71,14 @@ def _with_cov(project: pytest.Pytester, *args: str) -> pytest.RunResult:
     return project.runpytest_subprocess("-p", "no:cacheprovider", "--cov=mypkg", *args)
 
 
+def _measured(project: pytest.Pytester, name: str, source: str, **outcomes: int) -> pytest.RunResult:
+    """Run the test module ``name`` (``source``) alone with pytest-cov's missing-lines report."""
+    project.makepyfile(**{name: source})
+    result = _with_cov(project, "--cov-report=term-missing", f"{name}.py")
+    result.assert_outcomes(**outcomes)
+    return result
+
+
 def _missing(text: str) -> str:
     line = next(ln for ln in text.splitlines() if ln.startswith("mypkg/code.py"))
     return line
@@ -123,8 +131,7 @@ def test_the_tests_own_code_counts_wherever_a_rank_runs_it(project) -> None:
     # a rank traces only the test's own code (its fixtures, its body, its finalizers), not the
     # harness between them: each place the test's code is called from is measured
     (project.path / "mypkg" / "places.py").write_text(EVERY_PLACE)
-    project.makepyfile(
-        test_places="""
+    source = """
         import threading
         import pytest
         from mypkg import places
@@ -148,10 +155,8 @@ def test_the_tests_own_code_counts_wherever_a_rank_runs_it(project) -> None:
                 t.start()
                 t.join()
                 places.in_body(rank)
-        """
-    )
-    result = _with_cov(project, "--cov-report=term-missing", "test_places.py")
-    result.assert_outcomes(passed=1)
+    """
+    result = _measured(project, "test_places", source, passed=1)
     result.stdout.fnmatch_lines(["mypkg/places.py * 14 * 0 * 100%"])
 
 
@@ -170,8 +175,7 @@ def test_the_projects_code_a_failing_ranks_report_runs_counts(project) -> None:
         "            return f'failed with code {self.code}'\n"
         "        return super().__str__()\n"
     )
-    project.makepyfile(
-        test_fails="""
+    source = """
         import pytest
         from mypkg.errors import Oops
 
@@ -179,10 +183,8 @@ def test_the_projects_code_a_failing_ranks_report_runs_counts(project) -> None:
         @pytest.mark.xfail(raises=Oops, strict=True)
         def test_rank_raises(rank):
             raise Oops(code=3)
-        """
-    )
-    result = _with_cov(project, "--cov-report=term-missing", "test_fails.py")
-    result.assert_outcomes(xfailed=1)
+    """
+    result = _measured(project, "test_fails", source, xfailed=1)
     result.stdout.fnmatch_lines(["mypkg/errors.py * 8 * 0 * 100%"])
 
 

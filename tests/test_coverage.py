@@ -160,21 +160,39 @@ def test_the_tests_own_code_counts_wherever_a_rank_runs_it(project) -> None:
     result.stdout.fnmatch_lines(["mypkg/places.py * 14 * 0 * 100%"])
 
 
+ERRORS = """class Oops(Exception):
+    def __init__(self, msg='', code=None):
+        super().__init__(msg)
+        self.code = code
+
+    def __str__(self):
+        if self.code is not None:
+            return f'failed with code {self.code}'
+        return super().__str__()
+"""
+
+# line 6 stops at a breakpoint; never_called() is lines 13-699
+DEEP = """def outer():
+    inner()
+
+
+def inner():
+    breakpoint()
+
+
+def finalizer():
+    return 2
+
+
+def never_called():
+""" + "".join(f"    x{i} = {i}\n" for i in range(14, 700))
+
+
 def test_the_projects_code_a_failing_ranks_report_runs_counts(project) -> None:
     # the rank formats its failure: the exception's own __str__ runs there, as it runs in the
     # pytest process for a plain test's report
     # (the pytest process remakes the exception from its text: Oops("failed with code 3"))
-    (project.path / "mypkg" / "errors.py").write_text(
-        "class Oops(Exception):\n"
-        "    def __init__(self, msg='', code=None):\n"
-        "        super().__init__(msg)\n"
-        "        self.code = code\n"
-        "\n"
-        "    def __str__(self):\n"
-        "        if self.code is not None:\n"
-        "            return f'failed with code {self.code}'\n"
-        "        return super().__str__()\n"
-    )
+    (project.path / "mypkg" / "errors.py").write_text(ERRORS)
     source = """
         import pytest
         from mypkg.errors import Oops
@@ -194,21 +212,7 @@ def test_a_debugger_taking_the_tracer_in_a_rank_adds_no_line_that_never_ran(proj
     # harness's lines would be counted in the project's file
     from ptyproc import PtyProcess
 
-    (project.path / "mypkg" / "deep.py").write_text(
-        "def outer():\n"
-        "    inner()\n"
-        "\n"
-        "\n"
-        "def inner():\n"
-        "    breakpoint()\n"
-        "\n"
-        "\n"
-        "def finalizer():\n"
-        "    return 2\n"
-        "\n"
-        "\n"
-        "def never_called():\n" + "".join(f"    x{i} = {i}\n" for i in range(14, 700))
-    )
+    (project.path / "mypkg" / "deep.py").write_text(DEEP)
     project.makepyfile(
         test_deep="""
         import pytest

@@ -262,11 +262,12 @@ def _run_body(
     with ctx.measured.test_code():  # coverage: the test's own code, not the harness around it
         enter("setup")
         try:
-            with coverage_relay.user_code():  # unpickling may run the project's code
+            # unpickling may run the project's code, and so may its own seeders registered with
+            # pytest-randomly
+            with coverage_relay.user_code():
                 values = _rebuilt(payload.values)
                 if payload.instance_state is not None:
                     restore_test_state(item, payload.instance_state)
-            with coverage_relay.user_code():  # a project's own seeders, registered with pytest-randomly
                 _reseed_as_the_session(item, "setup")
             fixtures = RankFixtures(item, values, builtins, payload.dependent)
             if payload.base_tmp_path is not None:
@@ -284,7 +285,6 @@ def _run_body(
             _trace_body(ctx, item)
             with coverage_relay.user_code():
                 _reseed_as_the_session(item, "call")
-            with coverage_relay.user_code():
                 item.ihook.pytest_pyfunc_call(pyfuncitem=item)
             _stray_exceptions(item)
             if fixtures.finalizers:  # dying in their teardown is then reported as teardown

@@ -13,7 +13,7 @@ import marshal
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +186,14 @@ class EventFile:
             self._fd = -1
 
 
+def filled_info(static: dict[str, Any] | None, numbered: Sequence[str], values: Sequence[int]) -> dict[str, Any] | None:
+    """A call's info from its form: ``static`` plus the integers ``values`` under the names in
+    ``numbered`` (values beyond those names are ignored), a dict of its own."""
+    if not numbered:
+        return dict(static) if static is not None else None
+    return {**(static or {}), **dict(zip(numbered, values, strict=False))}
+
+
 def read_raw(path: str | os.PathLike[str]) -> Iterator[RawEvent]:
     """Yield the complete records of an event file; a torn or missing tail is ignored."""
     yield from EventReader(path).read_new()
@@ -239,9 +247,7 @@ class EventReader:
                 if known is None or t_ns == 0:
                     return pos, True  # a torn length word, or a body not all written yet: not a record (yet)
                 kind, phase, name, static, numbered = known
-                info = dict(static) if static is not None else None
-                if numbered:
-                    info = {**(static or {}), **dict(zip(numbered, (first, second), strict=False))}
+                info = filled_info(static, numbered, (first, second))
                 out.append((call_id, t_ns, lane, kind, phase, name, info))
                 pos += 4 + _COMPACT.size
                 continue

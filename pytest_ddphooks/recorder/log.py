@@ -146,7 +146,7 @@ class EventLog:
         if world_size is None:
             world_size = group[1] if group is not None else int(os.environ.get("WORLD_SIZE", 1))
         self.rank, self.world_size = rank, world_size
-        # the records, a call's kept packed (``_pack``): read them through ``records()``
+        # the records, a call's kept packed (``_emit``): read them through ``records()``
         self._raw: list[tuple[Any, ...]] = []
         # (id(static), numbered) -> its form's number; number -> (static, numbered), kept alive
         # so that no other dict takes its id
@@ -414,10 +414,7 @@ class EventLog:
             packed = record[6]
             if type(packed) is tuple:
                 static, numbered = forms[packed[0]]
-                info = dict(static)
-                if numbered:
-                    info.update(zip(numbered, packed[1:], strict=True))
-                record = (*record[:6], info)
+                record = (*record[:6], events.filled_info(static, numbered, packed[1:]))
             out.append(record)
         return out
 

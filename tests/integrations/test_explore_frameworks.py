@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from lightning_steps import DATAMODULE_MODEL
 
 HAVE_LIGHTNING = importlib.util.find_spec("lightning") is not None
 HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
@@ -57,18 +58,9 @@ class Data(pl.LightningDataModule):
     def train_dataloader(self):
         return DataLoader(self.data, batch_size=4)
 
-
-class Model(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, _):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+    + DATAMODULE_MODEL
+    + """
 
 
 @pytest.mark.parametrize("barriers", ["kept", "gone"])

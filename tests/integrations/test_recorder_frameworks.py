@@ -8,11 +8,13 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from lightning_steps import DATAMODULE_MODEL
 
 HAVE_LIGHTNING = importlib.util.find_spec("lightning") is not None
 HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 
-LIGHTNING = """
+LIGHTNING = (
+    """
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -36,18 +38,9 @@ class Data(pl.LightningDataModule):
     def train_dataloader(self):
         return DataLoader(self.data, batch_size=4)
 
-
-class Model(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, _):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+    + DATAMODULE_MODEL
+    + """
 
 
 def fit(tmp_path, recorder):
@@ -132,6 +125,7 @@ def test_rank_zero_first_is_a_barrier_of_its_own(rank, recorder, monkeypatch, it
     found = [(nb.rank, nb.name) for nb in recorder.timeline().noop_barriers()]
     assert found == ([] if its_barrier == "kept" else [(0, "rank_zero_first"), (1, "rank_zero_first")])
 """
+)
 
 ACCELERATE = """
 import pytest

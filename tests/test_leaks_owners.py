@@ -338,3 +338,96 @@ def test_library_threads_and_workers_started_once_per_process_are_no_leaks(pytes
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(passed=3)
     result.stdout.no_fnmatch_line("*leaked*")
+
+
+SCOPE_TEARDOWNS = """
+import os
+import subprocess
+import threading
+import pytest
+
+KEPT = []
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # undoes in its teardown all it did in its setup: no leak
+    old = os.environ.get("MASTER_ADDR")
+    os.environ["MASTER_ADDR"] = "10.0.0.1"
+    os.environ["WORLD_SIZE"] = "4"
+    proc = subprocess.Popen(["sleep", "300"])
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="server-loop")
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+    proc.kill()
+    proc.wait()
+    del os.environ["WORLD_SIZE"]
+    if old is None:
+        del os.environ["MASTER_ADDR"]
+    else:
+        os.environ["MASTER_ADDR"] = old
+    if LEAVE:
+        # and then starts what outlives it
+        os.environ["MASTER_PORT"] = "29777"
+        proc = subprocess.Popen(["sleep", "300"])
+        KEPT.append(proc)
+        tmp_path_factory.getbasetemp().joinpath("pid").write_text(str(proc.pid))
+
+class TestRanks:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def rank_env(cls):
+        yield
+        if LEAVE:
+            os.environ["RANK"] = "9"
+
+    def test_in_class(self, rank_env, server):
+        assert os.environ["WORLD_SIZE"] == "4"
+
+def test_last_of_the_module(server):
+    pass
+"""
+
+NEXT_MODULE = """
+import os
+import psutil
+
+def test_next_module(tmp_path_factory):
+    for name in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
+        assert name not in os.environ, name
+    pid = tmp_path_factory.getbasetemp().joinpath("pid")
+    if pid.exists():  # killed (its Popen, kept, has not reaped it)
+        try:
+            assert psutil.Process(int(pid.read_text())).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            pass
+"""
+
+
+@pytest.mark.parametrize("leave", [True, False])
+def test_what_a_wider_fixtures_teardown_leaves_is_named_and_cleaned_up(pytester, leave: bool) -> None:
+    pytester.makepyfile(test_a_scoped=f"LEAVE = {leave}\n" + SCOPE_TEARDOWNS, test_b_next=NEXT_MODULE)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "-rE")
+    if not leave:
+        result.assert_outcomes(passed=3)
+        result.stdout.no_fnmatch_line("*left behind*")
+        return
+    # the next module's test finds nothing left, and the process killed
+    result.assert_outcomes(passed=3, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of TestRanks.test_in_class*",
+            "fixture 'rank_env' (class scope), torn down after test_a_scoped.py::TestRanks::test_in_class, left"
+            " behind in its teardown (cleaned up):",
+            "  environment variable RANK='9' was set",
+            "*ERROR at teardown of test_last_of_the_module*",
+            "fixture 'server' (module scope), torn down after test_a_scoped.py::test_last_of_the_module, left"
+            " behind in its teardown (cleaned up):",
+            "  process * is still running: sleep 300",
+            "  environment variable MASTER_PORT='29777' was set",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*MASTER_ADDR*")
+    result.stdout.no_fnmatch_line("*WORLD_SIZE*")

@@ -364,20 +364,42 @@ def test_the_sessions_own_teardown_after_a_special_test_is_captured_and_one_repo
 
 
 def test_a_special_multiranks_lines_are_labelled_once(pytester: pytest.Pytester) -> None:
+    # labelled in junit's text, titled on the terminal: the same as for a multirank test alone
     pytester.makepyfile(
         test_labels="""
+        import sys
         import pytest
+
+        @pytest.mark.multirank(world_size=2)
+        def test_plain(rank):
+            print(f"hello from {rank}")
+            print(f"oops from {rank}", file=sys.stderr)
+            assert False
 
         @pytest.mark.special
         @pytest.mark.multirank(world_size=2)
-        def test_says(rank):
+        def test_special(rank):
             print(f"hello from {rank}")
+            print(f"oops from {rank}", file=sys.stderr)
+            assert False
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "junit_logging=all", "--junitxml=out.xml")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(failed=2)
     text = (pytester.path / "out.xml").read_text()
-    assert "[rank 1] hello from 1" in text and "[rank 1] [rank 1]" not in text
+    assert text.count("[rank 1] hello from 1") == 2 and "[rank 1] [rank 1]" not in text
+    sections = [
+        "*- Captured stdout rank 0 call -*",
+        "hello from 0",
+        "*- Captured stderr rank 0 call -*",
+        "oops from 0",
+        "*- Captured stdout rank 1 call -*",
+        "hello from 1",
+        "*- Captured stderr rank 1 call -*",
+        "oops from 1",
+    ]
+    result.stdout.fnmatch_lines(["*_ test_plain _*", *sections, "*_ test_special _*", *sections])
+    result.stdout.no_fnmatch_line("[[]rank 0[]] hello from 0")
 
 
 def test_a_special_tests_interpreter_ends_with_a_killed_session(pytester: pytest.Pytester) -> None:
@@ -443,4 +465,33 @@ def test_pytest_exit_in_a_special_test_ends_the_session_with_its_code(pytester: 
     assert result.ret == 9
     result.stdout.fnmatch_lines(["*Exit: special stop*"])
     result.stdout.no_fnmatch_line("*test_after ran*")
+    result.stdout.no_fnmatch_line("*interpreter died*")
+
+
+def test_a_special_test_its_interpreter_cannot_find_again_is_named_so(pytester: pytest.Pytester) -> None:
+    # a parameter id made of the process id: another interpreter collects another id
+    pytester.makepyfile(
+        test_ids="""
+        import os
+        import pytest
+
+        @pytest.mark.special
+        @pytest.mark.parametrize("v", [os.getpid()])
+        def test_pid(v):
+            pass
+
+        @pytest.mark.special
+        @pytest.mark.parametrize("v", [1], ids=["steady"])
+        def test_steady(v):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "the special test was not found in its own interpreter: no test collected there has the id"
+            " test_ids.py::test_pid[[]*[]] (an id made of a value that differs from one interpreter to the next,*",
+        ]
+    )
     result.stdout.no_fnmatch_line("*interpreter died*")

@@ -70,7 +70,10 @@ def pytest_configure(config: pytest.Config) -> None:
     ddp = DdpSession(config, settings)
     config.pluginmanager.register(ddp, SESSION_NAME)
     config.pluginmanager.register(MarkerHooks(settings.spmd), "ddphooks-markers")
-    config.pluginmanager.register(ReportHooks(), "ddphooks-reports")
+    # an xdist worker sends its reports on (its controller labels them), and so does a special
+    # test's interpreter (its parent does)
+    labels = not hasattr(config, "workerinput") and not (special.special_target() and special.reports_to_parent())
+    config.pluginmanager.register(ReportHooks(labels), "ddphooks-reports")
     config.pluginmanager.register(TimeoutHooks(), "ddphooks-timeouts")
     spmd_hooks = SpmdHooks(ddp) if settings.spmd else None
     if spmd_hooks is not None:

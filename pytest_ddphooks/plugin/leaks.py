@@ -8,7 +8,9 @@ takes a rank's failing exit status as the job's failure and kills every rank.
 
 What a fixture of wider scope (module, class, package, session) creates during a test's
 setup is not that test's leak: it is checked when that scope ends, and reported then in the
-name of the fixture. Everything else new after teardown is the test's own leak.
+name of the fixture. What its teardown leaves (a process it starts, a variable it sets) is
+reported in its name too, at the teardown of the test that ended the scope. Everything else
+new after teardown is the test's own leak.
 """
 
 from __future__ import annotations
@@ -112,6 +114,9 @@ class LeakHooks:
         self.pending: list[_Pending] = []
         self.allowed_processes: list[Leak] = []  # allowed leaks that still end with the session
         self.scope_ending: Snapshot | None = None  # taken as a wider scope's teardown begins
+        # scope node -> the snapshot before its first fixture was set up (what its teardown must
+        # leave as it was: undoing its setup is no leak); insertion order is setup order
+        self._scope_began: dict[Any, Snapshot] = {}
         self.session_report: list[str] = []
         self.relaunched = spmd.relaunched_rank() is not None
         self.late = ddp.late_leaks  # filled by the multirank hooks as the session ends
@@ -210,6 +215,8 @@ class LeakHooks:
                 item.stash[SCOPED_KEY] = made
                 with coverage_relay.HarnessWork():
                     item.stash[AFTER_SETUP_KEY] = self.guard.snapshot()
+                for fd in made:
+                    self._scope_began.setdefault(self._scope_node(item, fd.scope), item.stash[BEFORE_KEY])
                 self._snapshot_when_scopes_end(item, made)
 
     def _snapshot_when_scopes_end(self, item: pytest.Item, fixtures: list[Any]) -> None:
@@ -287,6 +294,7 @@ class LeakHooks:
         if before is None:
             self._report(item, rank_leaks, [], None)
             return
+        torn_down = self._left_by_scope_teardown(item, ending)
         leaks = self.guard.find(before, ending)
         found = list(leaks)
         if self.relaunched or (is_special(item) and runs_here(item)):
@@ -345,8 +353,45 @@ class LeakHooks:
             )
         if WIDER_KEY in item.stash:  # the values of scopes that end now go, as pytest lets them go
             del item.stash[WIDER_KEY]
-        ended = self._ended_scopes(item)
+        ended = self._ended_scopes(item) + torn_down
         self._report(item, rank_leaks + self.guard.clean(own, before), ended, before)
+
+    def _left_by_scope_teardown(self, item: pytest.Item, ending: Snapshot | None) -> list[tuple[str, list[Outcome]]]:
+        """What the teardown of the wider scopes that ended with this test left behind: new
+        since it began (``ending``), and not as it was before their first fixture was set up
+        (a variable put back, a server stopped, is no leak). Judged against that earlier state,
+        and cleaned up to it."""
+        live = _live_scopes(item.session)
+        ended = [node for node in self._scope_began if live is None or node not in live]
+        if not ended:
+            return []
+        began = self._scope_began[ended[0]]  # the earliest set up: the outermost that ended
+        for node in ended:
+            del self._scope_began[node]
+        if ending is None:  # no look as its teardown began: nothing to tell it by
+            return []
+        now = self.guard.snapshot()
+        new = self.guard.find(ending, now)
+        changed = {lk.key for lk in new if lk.kind == "env"}
+        made = [lk for lk in new if lk.kind != "env"]
+        made += [lk for lk in self.guard.find(began, now) if lk.kind == "env" and lk.key in changed]
+        if self.relaunched or (is_special(item) and runs_here(item)):
+            made = [lk for lk in made if lk.kind == "process"]  # the rest ends with this interpreter
+        made = [lk for lk in made if not self.allow.allows(lk)]
+        if not made:
+            return []
+        still = self.guard.settle(began, made, holders=(item,))
+        if not still:
+            return []
+        values = item.stash.get(WIDER_KEY, None) or {}
+        owners = [
+            f"{name!r} ({fd.scope} scope)"
+            for name, (fd, _) in values.items()
+            if fd.cached_result is None and self._scope_node(item, fd.scope) in ended
+        ]
+        owner = ("fixture " + ", ".join(owners)) if owners else "the teardown of the scope that ended"
+        head = f"{owner}, torn down after {item.nodeid}, left behind in its teardown"
+        return [(head, self.guard.clean(still, began))]
 
     @staticmethod
     def _wider_values(item: pytest.Item) -> dict[str, tuple[Any, Any]]:
@@ -398,7 +443,7 @@ class LeakHooks:
             still = [lk for lk in still if not (lk.kind == "socket" and lk.ref in native)]
         return self.guard.settle(entry.before, still, holders=_holders(item) if item is not None else ())
 
-    def _ended_scopes(self, item: pytest.Item) -> list[tuple[_Pending, list[Outcome]]]:
+    def _ended_scopes(self, item: pytest.Item) -> list[tuple[str, list[Outcome]]]:
         live = _live_scopes(item.session)
         out = []
         for entry in list(self.pending):
@@ -407,14 +452,15 @@ class LeakHooks:
             self.pending.remove(entry)
             still = self._still(entry, item)
             if still:
-                out.append((entry, self.guard.clean(still, entry.before)))
+                head = f"{entry.owner}, set up for {entry.test}, left behind when its scope ended"
+                out.append((head, self.guard.clean(still, entry.before)))
         return out
 
     def _report(
         self,
         item: pytest.Item,
         outcomes: list[Outcome],
-        ended: list[tuple[_Pending, list[Outcome]]],
+        ended: list[tuple[str, list[Outcome]]],
         before: Snapshot | None,
     ) -> None:
         suspects = self._left_running(outcomes, before) if outcomes and before is not None else []
@@ -429,8 +475,7 @@ class LeakHooks:
             return
         lines = describe(f"{item.nodeid} leaked", outcomes)
         lines.extend(suspects)
-        for entry, done in ended:
-            head = f"{entry.owner}, set up for {entry.test}, left behind when its scope ended"
+        for head, done in ended:
             lines.extend(describe(head, done, "cleaned up"))
         if not lines:
             return

@@ -184,6 +184,9 @@ def shape_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.
 
 
 class ReportHooks:
+    def __init__(self, labels: bool = True) -> None:
+        self.labels = labels  # whether this process labels its reports' rank sections itself
+
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
@@ -195,8 +198,8 @@ class ReportHooks:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, None, None]:
         # what reads a report's output as one text (junit's system-out joins every "Captured
         # stdout" section) reads each rank's lines labelled; the terminal's sections are titled.
-        # An xdist worker sends the report on from this hook: the controller labels its own.
-        labelled = None if os.environ.get("PYTEST_XDIST_WORKER") else _rank_labelled(report.sections)
+        # Not where the report is sent on from this hook (an xdist worker, a special test's interpreter).
+        labelled = _rank_labelled(report.sections) if self.labels else None
         if labelled is None:
             return (yield)
         titled, report.sections = report.sections, labelled
@@ -218,7 +221,7 @@ def _rank_labelled(sections: list[tuple[str, str]]) -> list[tuple[str, str]] | N
         found = _RANK_SECTION.fullmatch(title)
         if found is not None:
             label = f"[rank {found.group(1)}] "
-            # a special test's interpreter sends its sections labelled already: once is enough
+            # a line labelled already (printed so by the test) is not labelled twice
             # lines end at "\n" only, as the terminal shows them (not at a form feed or U+2028)
             pieces = text.split("\n")
             # a last line with no newline still ends: the next section's first line is another's

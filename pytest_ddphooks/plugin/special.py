@@ -381,8 +381,14 @@ class SpecialHooks:
             return "teardown", "\n".join(
                 [f"the special test's interpreter died after the test: {run.describe_exit()}", *_exit_lines(run)]
             )
-        if not any(m.get("event") == "start" for m in run.messages) and run.code == 0:
-            return "call", "the special test was not collected in its own interpreter (was it deselected there?)"
+        started = any(m.get("event") == "start" for m in run.messages)
+        if not started and run.code in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+            return "call", (
+                f"the special test was not found in its own interpreter: no test collected there has the id"
+                f" {item.nodeid} (an id made of a value that differs from one interpreter to the next, such as"
+                " a process id or an object's address, is not found again: give the test ids= that stay the same;"
+                " or a conftest deselected it there)"
+            )
         return "call", "\n".join([f"the special test's interpreter died: {run.describe_exit()}", *_exit_lines(run)])
 
 

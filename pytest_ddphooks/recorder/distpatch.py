@@ -22,6 +22,7 @@ recorded call (``broadcast_object_list`` broadcasting its sizes, ``dist.all_redu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -1110,10 +1111,17 @@ def _wrap_wait_all(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _ended_well(awaited: Any) -> bool:
-    """A Work or future found done ended without an error."""
+    """A Work or future found done ended without an error. A Work is asked through its
+    future: its own ``exception()`` is deprecated, and torch says so on the rank's stderr."""
     try:
-        if hasattr(awaited, "exception"):  # a Work
-            return awaited.exception() is None
+        get_future = getattr(type(awaited), "get_future", None)
+        if get_future is not None:  # a Work
+            future = None
+            with contextlib.suppress(Exception):  # a Work without a future
+                future = getattr(get_future, _MARK, get_future)(awaited)
+            if future is None or not future.done():
+                return awaited.exception() is None
+            awaited = future
         awaited.value()  # a future: raises its error
         return True
     except Exception:

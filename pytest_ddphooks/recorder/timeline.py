@@ -230,16 +230,44 @@ class Timeline:
         _, ranks_b, then = self._select(b)
         if _absent_on(ranks_a, first) or _absent_on(ranks_b, then):
             return False
-        return bool(first and then) and not self._violations(first, then)
+        return bool(first and then) and not self._violations(first, then, keep=0, count=False)[1]
 
-    def _violations(self, first: list[Span], then: list[Span]) -> list[tuple[Span, Span]]:
+    def _violations(
+        self, first: list[Span], then: list[Span], keep: int = 3, count: bool = True
+    ) -> tuple[list[tuple[Span, Span]], int]:
+        """The first ``keep`` pairs (an ``a``, a ``b``) that synchronisation does not order, in
+        the order of the two lists, and how many such pairs there are (without ``count``: it
+        stops at the first). Happens-before follows program order, so of one lane's ``b``
+        events those an ``a`` ends before are the lane's last ones: found by bisection, not
+        pair by pair (thousands of events each would be millions of pairs)."""
         clocks = self.clocks
-        bad = []
+        lanes: dict[Any, list[tuple[int, Span]]] = {}
+        for j, y in enumerate(then):  # per lane in program order: ``then`` is in event order
+            lanes.setdefault(clocks.lane_of(y.start), []).append((j, y))
+        bad: list[tuple[Span, Span]] = []
+        total = 0
         for x in first:
-            for y in then:
-                if x.end is None or not clocks.happens_before(x.end, y.start):
-                    bad.append((x, y))
-        return bad
+            if x.end is None:
+                total += len(then)
+                bad.extend((x, y) for y in then[: max(keep - len(bad), 0)])
+            else:
+                unordered: list[int] = []
+                for lane in lanes.values():
+                    lo, hi = 0, len(lane)
+                    while lo < hi:  # the first of the lane that x ends before
+                        mid = (lo + hi) // 2
+                        if clocks.happens_before(x.end, lane[mid][1].start):
+                            hi = mid
+                        else:
+                            lo = mid + 1
+                    total += lo
+                    if len(bad) < keep:
+                        unordered.extend(j for j, _ in lane[:lo])
+                if unordered and len(bad) < keep:
+                    bad.extend((x, then[j]) for j in sorted(unordered)[: keep - len(bad)])
+            if total and not count:
+                break
+        return bad, total
 
     def assert_happens_before(self, a: str, b: str) -> None:
         """Every ``a`` ends before any ``b`` starts, established by synchronisation.
@@ -258,8 +286,8 @@ class Timeline:
                     f"{a!r} does not happen before {b!r}: no {name!r} was recorded on {_where(absent)}"
                     + self._absence_hint(name, absent, selector)
                 )
-        bad = self._violations(first, then)
-        if not bad:
+        bad, total = self._violations(first, then)
+        if not total:
             return
         lines = [f"{a!r} does not happen before {b!r}:"]
         highlights = []
@@ -269,8 +297,8 @@ class Timeline:
             done = x.end if x.end is not None else x.start
             why = explained[1] if len(explained) > 1 else explained[0]
             highlights.append({"a": [x.rank, done.index], "b": [y.rank, y.start.index], "why": why})
-        if len(bad) > 3:
-            lines.append(f"  ... and {len(bad) - 3} more pairs")
+        if total > len(bad):
+            lines.append(f"  ... and {total - len(bad)} more pairs")
         self._fail("\n".join(lines), highlights)
 
     def _absence_hint(self, name: str, ranks: Iterable[int] | None, selector: str = "") -> str:

@@ -546,9 +546,18 @@ def test_unused(rank, recorder):
     tl = recorder.timeline()
     assert tl.never_waited() == [f"async all_reduce #1 on rank {r} was never waited" for r in (0, 1)]
     out.wait()
+
+@pytest.mark.multirank(world_size=2)
+def test_poll_prints_nothing(rank, recorder, capfd):
+    # how the recorder tells a Work that ended well is no deprecated call torch warns of
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    while not work.is_completed():
+        pass
+    assert [e.name for e in recorder.timeline().for_rank(rank) if e.phase == "start"][-1] == "dist.all_reduce.wait"
+    assert capfd.readouterr().err == ""
 """,
     )
-    result.assert_outcomes(passed=13)
+    result.assert_outcomes(passed=14)
 
 
 def test_a_functional_result_first_used_inside_a_recorded_call_completes_there(pytester) -> None:

@@ -163,6 +163,70 @@ def test_a_rank_that_hangs_ends_the_run_with_its_stack(pytester: pytest.Pytester
     assert not re.search(r"exitcode\s*:\s*3\b", out), out
 
 
+FIXTURE_HANGS = """
+import time
+import pytest
+import torch.distributed as dist
+
+@pytest.fixture
+def stuck(rank):
+    if WHEN == "setup" and rank == WHO:
+        while True:
+            time.sleep(0.05)
+    yield
+    if WHEN == "teardown" and rank == WHO:
+        while True:
+            time.sleep(0.05)
+
+@pytest.mark.multirank(world_size=2)
+def test_hang(stuck):
+    dist.barrier()
+
+@pytest.mark.multirank(world_size=2)
+def test_after(rank):
+    assert rank in (0, 1)
+"""
+
+
+@pytest.mark.parametrize(("when", "who"), [("setup", 0), ("teardown", 1)])
+def test_a_rank_stuck_in_a_fixture_ends_the_run_with_its_stack(pytester: pytest.Pytester, when: str, who: int) -> None:
+    # without torchrun the launcher times a rank's fixtures; under it, each rank's watchdog does
+    # (the run once waited forever for a rank 0 stuck in its setup)
+    pytester.makepyfile(test_fixture_hang=f"WHEN, WHO = {when!r}, {who}\n" + FIXTURE_HANGS)
+    code, out, seconds = torchrun(pytester.path, "--ddp-timeout=3", "--junitxml=out.xml", timeout=100)
+    assert code != 0
+    lines = pytest.LineMatcher(out.splitlines())
+    lines.fnmatch_lines(
+        [
+            f"*ERROR at {when} of test_hang*",
+            f"*the {when} of test_fixture_hang.py::test_hang (its fixtures) did not finish within 3 s*",
+            "*stuck at *test_fixture_hang.py:* in stuck: time.sleep(0.05)",
+        ]
+    )
+    if who == 0:  # rank 0 reports, and says the other waited for it
+        lines.fnmatch_lines(["rank 1:", f"  ended its {when} and waits for the others"])
+    else:
+        assert f"rank {who} hung in test_fixture_hang.py::test_hang" in out, out
+    suite = ET.parse(pytester.path / "out.xml").getroot()
+    case = suite.find(".//testcase[@name='test_hang']")
+    assert case is not None and case.find("error") is not None
+    assert suite.find(".//testcase[@name='test_after']") is None  # the run stopped there
+    assert seconds < 60, seconds  # the limit and the watchdog's 5 s, not torchrun's kill
+    assert "Thread 0x" not in out, out  # the ranks ended their sessions before rank 0 left: no stack dump
+
+
+def test_a_pytest_timeout_above_the_default_limit_is_the_fixtures_limit_under_torchrun(
+    pytester: pytest.Pytester,
+) -> None:
+    # the ranks waiting for rank 0's setup wait its limit (pytest-timeout's), not --ddp-timeout's
+    pytester.makepyfile(test_fixture_hang="WHEN, WHO = 'setup', 0\n" + FIXTURE_HANGS)
+    code, out, _ = torchrun(pytester.path, "--ddp-timeout=2", "--timeout=4", timeout=100)
+    assert code != 0
+    assert "1 passed, 1 error" in out, out
+    assert "Timeout (>4.0s) from pytest-timeout, in the setup of this multirank test's fixtures on rank 0" in out
+    assert "did not end the" not in out, out
+
+
 def test_markers_mean_under_torchrun_what_they_mean_without_it(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_markers="""

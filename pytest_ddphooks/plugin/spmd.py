@@ -61,6 +61,8 @@ from .terminal import terminal_markup
 _OWN_GROUP_ENV = ("MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
 HANG_GRACE = 5.0  # past the limit, a rank's own watchdog ends the run
 SESSION_DONE = "session-done"  # set by rank 0 once its reports are written
+LEFT = "left"  # set by a rank other than 0 as its session ends
+LEFT_GRACE = 10.0  # what a rank that hung waits for the others to end theirs
 REPORT_GRACE = 15.0  # what rank 0 may take then to report the test and finish the session's reports
 
 
@@ -242,6 +244,7 @@ class SpmdHooks:
                 # store that is gone (rank 0 with it) ends the wait by raising
                 while self.stopping is None and not self.coord.store.check([SESSION_DONE]):
                     time.sleep(0.05)
+                self.coord.store.set(f"{LEFT}/{self.rank}", b"1")  # a rank 0 that hung waits for this
         # every report is written: a SIGTERM torchrun sends now (another rank ended with an
         # error) finds the interpreter shutting down, where a handler of ours could crash it;
         # it ends the process as it would without us (a rank stuck in its shutdown included)
@@ -422,7 +425,7 @@ class SpmdHooks:
         mine = b""
         if error is not None:
             told = _error_text(error)
-            if kind == "failed" and not isinstance(error, OutcomeException):
+            if kind == "failed" and (not isinstance(error, OutcomeException) or error.pytrace):
                 told += _TRACEBACK + _traceback_of(item, error)  # rank 0's report shows it whole
             mine = f"{item.nodeid}\n{kind}\n{told}".encode()
         if kind == "stopped":  # said to the others, not waited for: this rank's session ends
@@ -479,7 +482,9 @@ class SpmdHooks:
             self._in_test = True  # waiting for the others: a stop from torchrun ends the wait
             try:
                 what = f"end the {when} of the test"
-                return self.coord.all_gather(f"phase-{when}", mine, self.start_timeout, what)
+                # a rank still in its fixtures has the test's limit, then its watchdog says where it is
+                limit = self.ddp.limit_of(item.stash[RUN_KEY]) + 30.0
+                return self.coord.all_gather(f"phase-{when}", mine, limit, what, watch=f"hang/{item.nodeid}")
             finally:
                 self._in_test = False
         except RunStopping:  # the run ends: what this rank knows is what it says
@@ -490,6 +495,21 @@ class SpmdHooks:
             if error is not None:
                 raise error from None
             self._missing(item, exc)
+        except RankHung as exc:
+            self._peer_hung(item, exc)
+
+    def _peer_hung(self, item: pytest.Item, exc: RankHung) -> NoReturn:
+        """Another rank's watchdog said where it is stuck: the test fails with its words (rank 0
+        reports them), and the run stops."""
+        item.session.shouldfail = f"ddphooks: rank {exc.rank} hung in {item.nodeid}"
+        self.hung = item.nodeid
+        if self.rank != 0:
+            # rank 0 reports it: leaving first would have torchrun stop rank 0 before it could
+            self._hand_over_coverage(item.session)
+            with contextlib.suppress(Exception):
+                self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=REPORT_GRACE + 10))
+        self.ack = f"hang-ack/{item.nodeid}"
+        raise fail_with(exc.text + "\nthe run stops here", f"rank {exc.rank} hung") from None
 
     def _missing(self, item: pytest.Item, exc: RanksMissing) -> NoReturn:
         message = f"{exc}; the run stops here"
@@ -592,15 +612,7 @@ class SpmdHooks:
         except RanksMissing as exc:
             self._missing(item, exc)
         except RankHung as exc:
-            item.session.shouldfail = f"ddphooks: rank {exc.rank} hung in {item.nodeid}"
-            self.hung = item.nodeid
-            if self.rank != 0:
-                # rank 0 reports it: leaving first would have torchrun stop rank 0 before it could
-                self._hand_over_coverage(item.session)
-                with contextlib.suppress(Exception):
-                    self.coord.store.wait([f"hang-ack/{item.nodeid}"], timedelta(seconds=REPORT_GRACE + 10))
-            self.ack = f"hang-ack/{item.nodeid}"
-            raise fail_with(exc.text + "\nthe run stops here", f"rank {exc.rank} hung") from None
+            self._peer_hung(item, exc)
         finally:
             if own is not None:
                 own.close()
@@ -631,23 +643,28 @@ class SpmdHooks:
         return True
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if self.ack is not None and report.when == "call":
+        if self.ack is not None:  # the report of the phase that told the hang
             # the hung rank waits for this before it ends the run
             with contextlib.suppress(Exception):
                 self.coord.store.set(self.ack, b"1")
             self.ack = None
 
-    def _on_hang(self, item: pytest.Item, recorder: Recorder, limit: float) -> None:
-        """The body outlived its limit: tell what this rank is doing, then end the run (on
-        rank 0, with the test reported failed and the session's reports written)."""
+    def _on_hang(self, item: pytest.Item, recorder: Recorder | None, limit: float, when: str = "call") -> None:
+        """The body (or the test's fixtures, ``when`` its setup or teardown) outlived its limit:
+        tell what this rank is doing, then end the run (on rank 0, with the test reported
+        failed and the session's reports written)."""
         self._watchdog_owns.set()
         self.hung = item.nodeid
-        post = self._hang_post(item, recorder, limit)
+        if recorder is None:
+            found = (getattr(item, "funcargs", None) or {}).get("recorder")
+            recorder = found if isinstance(found, Recorder) else None
+        post = self._hang_post(item, recorder, limit, when)
         key = f"hang/{item.nodeid}"
         if self.rank != 0:  # before the post that tells rank 0 of the hang: it is there once rank 0 looks
             self._hand_over_coverage(item.session)
-        with contextlib.suppress(Exception):
-            self._post_events(recorder)
+        if recorder is not None and when == "call":  # a phase's events would be filed as the last test's
+            with contextlib.suppress(Exception):
+                self._post_events(recorder)
         with contextlib.suppress(Exception):
             self.coord.store.set(f"{key}/{self.rank}", post.dumps())
         if self.rank != 0:
@@ -660,15 +677,20 @@ class SpmdHooks:
                 say(post.text)
             os._exit(int(pytest.ExitCode.TESTS_FAILED))  # the run reported a failed test
         posts = {0: post}
+        stuck: set[int] = set()
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and len(posts) < self.world_size:
             finished: dict[int, bytes] = {}
             with contextlib.suppress(Exception):
-                finished = self.coord.arrived("result")  # their body returned: they wait for the others
+                # their body (or this phase) ended: they wait for the others
+                finished = self.coord.arrived("result" if when == "call" else f"phase-{when}")
             for r in range(1, self.world_size):
                 with contextlib.suppress(Exception):
                     if r not in posts and self.coord.store.check([f"{key}/{r}"]):
                         posts[r] = HangPost.loads(bytes(self.coord.store.get(f"{key}/{r}")))
+                        stuck.add(r)  # its own watchdog's: it ends without ending its session
+                    elif r not in posts and r in finished and when != "call":
+                        posts[r] = HangPost(f"rank {r}\n" + _phase_ended_words(finished[r], when))
                     elif r not in posts and r in finished:
                         result = pickle.loads(finished[r])
                         told = [(key, text) for _, key, text in result.sections if key in ("stdout", "stderr")]
@@ -677,20 +699,31 @@ class SpmdHooks:
                 time.sleep(0.1)
         # a desync first, as the harness's own runs say it: the hang is its consequence
         lines = [f"desync: {m}" for m in desyncs(posts)]
-        lines.append(f"{item.nodeid} did not finish within {limit:g} s; the run stops")
+        lines.append(f"{_what_hung(item, when)} did not finish within {limit:g} s; the run stops")
         lines += ["  " + line for line in who_never_entered(posts, self.world_size)]
         for r in sorted(posts):  # each rank's own words, less the line that said which test
             lines += [f"rank {r}:", *posts[r].text.splitlines()[1:]]
-        with contextlib.suppress(Exception):
-            lines += self._hang_timeline(item, limit)
+        if when == "call":  # the ranks posted this test's events
+            with contextlib.suppress(Exception):
+                lines += self._hang_timeline(item, limit)
         text = "\n".join(lines)
         printed = {r: post.output for r, post in posts.items()}
-        if not self._report_last(item, text, limit, [r for r in posts if r != 0], printed):
+        if not self._report_last(item, text, limit, [r for r in posts if r != 0], printed, when):
             say(text)
         with contextlib.suppress(Exception):
             self.coord.store.set(f"hang-ack/{item.nodeid}", b"1")
             self.coord.store.set(SESSION_DONE, b"1")  # the reports are written: the others may end
+        # the ranks that were not stuck end their sessions now: leaving before they did would have
+        # torchrun stop them midway (and their stacks printed)
+        self._await_left([r for r in posts if r != 0 and r not in stuck], LEFT_GRACE)
         os._exit(int(pytest.ExitCode.TESTS_FAILED))
+
+    def _await_left(self, ranks: list[int], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        with contextlib.suppress(Exception):
+            while ranks and time.monotonic() < deadline:
+                ranks = [r for r in ranks if not self.coord.store.check([f"{LEFT}/{r}"])]
+                time.sleep(0.05)
 
     def _hand_over_coverage(self, session: pytest.Session) -> None:
         """This rank's coverage to rank 0 as a hang ends the run (with --cov)."""
@@ -698,13 +731,13 @@ class SpmdHooks:
             with contextlib.suppress(Exception):
                 self.hand_over_at_hang(session, self)
 
-    def _hang_post(self, item: pytest.Item, recorder: Recorder, limit: float) -> HangPost:
+    def _hang_post(self, item: pytest.Item, recorder: Recorder | None, limit: float, when: str = "call") -> HangPost:
         """Where this rank is stuck: its open calls and collectives, and its main thread's stack."""
         with tempfile.TemporaryFile("w+") as f:
             faulthandler.dump_traceback(file=f, all_threads=True)
             f.seek(0)
             stacks = parse_stacks(f.read())
-        timeline = Timeline.from_raw({self.rank: recorder.records()})
+        timeline = Timeline.from_raw({self.rank: recorder.records() if recorder is not None else []})
         # what the stuck test printed on this rank until now
         post = HangPost("", output=[(key, text) for _, key, text in _captured_streams(item)])
         for event in timeline.events:
@@ -712,7 +745,9 @@ class SpmdHooks:
             if event.phase == "start" and event.kind == "collective" and info.get("seq") and _paired_by_group(info):
                 group = str(info.get("group"))
                 post.entered[group] = max(post.entered.get(group, 0), int(info["seq"]))
-        lines = [f"ddphooks: {item.nodeid} did not finish within {limit:g} s on rank {self.rank}; the run stops"]
+        lines = [
+            f"ddphooks: {_what_hung(item, when)} did not finish within {limit:g} s on rank {self.rank}; the run stops"
+        ]
         for span in timeline.open_spans(self.rank):
             info = span.start.info
             if span.kind in ("collective", "p2p", "wait") and info.get("seq"):
@@ -736,7 +771,13 @@ class SpmdHooks:
         return post
 
     def _report_last(
-        self, item: pytest.Item, text: str, limit: float, others: list[int], printed: dict[int, list[tuple[str, str]]]
+        self,
+        item: pytest.Item,
+        text: str,
+        limit: float,
+        others: list[int],
+        printed: dict[int, list[tuple[str, str]]],
+        when: str = "call",
     ) -> bool:
         """Report the hung test as failed and finish the session's reports (terminal summary,
         junit XML, the HTML page, coverage with the measurements of ``others``, the ranks that
@@ -752,21 +793,22 @@ class SpmdHooks:
                 with contextlib.suppress(Exception):
                     capman.suspend_global_capture(in_=True)
             # every rank's, labelled, as a run that ended says them
-            sections = [(f"Captured {k} rank {r} call", v) for r, told in sorted(printed.items()) for k, v in told]
+            sections = [(f"Captured {k} rank {r} {when}", v) for r, told in sorted(printed.items()) for k, v in told]
             now = time.time()
             began, began_monotonic = self._call_began
             lasted = time.monotonic() - began_monotonic  # the body's wall time, not the limit
             keywords: dict[str, Literal[1]] = {k: 1 for k in item.keywords}
-            steps: tuple[tuple[Literal["call", "teardown"], Literal["failed", "passed"], str | None], ...] = (
-                ("call", "failed", text),
-                ("teardown", "passed", None),
-            )
-            for when, outcome, longrepr in steps:
-                duration, start = (lasted, began) if when == "call" else (0.0, now)
+            steps: list[tuple[Literal["setup", "call", "teardown"], Literal["failed", "passed"], str | None]] = [
+                ("teardown", "failed", text)
+            ]
+            if when != "teardown":  # the phase that hung, then a teardown that never ran
+                steps = [("setup" if when == "setup" else "call", "failed", text), ("teardown", "passed", None)]
+            for phase, outcome, longrepr in steps:
+                duration, start = (lasted, began) if phase == when else (0.0, now)
                 rep = TestReport(
-                    item.nodeid, item.location, keywords, outcome, longrepr, when, sections, duration, start, now
+                    item.nodeid, item.location, keywords, outcome, longrepr, phase, sections, duration, start, now
                 )
-                if when == "call":
+                if phase == "call":
                     page.attach_unrun(item, rep)  # on the HTML page too, without its ranks' lanes
                 item.ihook.pytest_runtest_logreport(report=rep)
                 sections = []
@@ -816,13 +858,38 @@ class SpmdPhases:
         __tracebackhide__ = True
         if RUN_KEY not in item.stash:
             return (yield)
+        hooks = self.hooks
+        limit = hooks.ddp.limit_of(item.stash[RUN_KEY])
+        # the test's fixtures have its limit on each rank, as its body does: past it, the
+        # watchdog says where this rank is stuck and ends the run
+        watchdog = threading.Timer(limit + HANG_GRACE, hooks._on_hang, (item, None, limit, when))
+        watchdog.daemon = True
+        watchdog.name = "ddphooks-spmd-watchdog"
+        hooks._call_began = (time.time(), time.monotonic())
+        watchdog.start()
         error: BaseException | None = None
         try:
             result = yield
         except BaseException as exc:
             error = exc
+        finally:
+            watchdog.cancel()
+        if hooks._watchdog_owns.is_set():
+            threading.Event().wait()  # the watchdog took the test over: it reports and ends this process
         self.hooks.agree(item, when, error)
         return result
+
+
+def _phase_ended_words(post: bytes, when: str) -> str:
+    """What a rank that ended a test's setup or teardown (and waits for the others) said of it."""
+    _, kind, told = [*post.decode(errors="replace").split("\n", 2), "", "", ""][:3]
+    if not kind:
+        return f"  ended its {when} and waits for the others"
+    return f"  ended its {when} ({kind}: {told.split(_TRACEBACK)[0].strip()}) and waits for the others"
+
+
+def _what_hung(item: pytest.Item, when: str) -> str:
+    return item.nodeid if when == "call" else f"the {when} of {item.nodeid} (its fixtures)"
 
 
 def _names_nodes(item: pytest.Item) -> bool:

@@ -5,6 +5,7 @@ arms its own timer for them, in the plugin's own runs and under torchrun alike."
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from .. import spmd
 from . import rankbody
 from .markers import FUNC_ONLY_KEY, RUN_KEY, THREAD_TIMEOUT_KEY, TIMEOUT_KEY, is_special
 from .special import runs_here
@@ -95,12 +97,13 @@ def _limited(item: pytest.Item, phase: str) -> Iterator[None]:
         yield
         return
     seconds, whose = limit
+    # under torchrun this pytest process is a rank, and every fixture runs here
+    where = f"on rank {os.environ.get('RANK', '?')}" if spmd.launched() else "that run in the pytest process"
 
     def expired(signum: int, frame: Any) -> None:
         __tracebackhide__ = True
         pytest.fail(
-            f"Timeout (>{seconds}s) from {whose}, in the {phase} of this multirank test's fixtures"
-            " that run in the pytest process",
+            f"Timeout (>{seconds}s) from {whose}, in the {phase} of this multirank test's fixtures {where}",
             pytrace=True,
         )
 

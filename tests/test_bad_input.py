@@ -345,3 +345,51 @@ def test_a_current_folder_a_fixture_removed_is_named_not_a_traceback(inner) -> N
         " runs, or change back before it removes it"
     )
     ran.no_lines("*multirank.py*")
+
+
+@pytest.mark.parametrize("at_import", [True, False])
+def test_a_group_a_conftest_starts_as_it_is_imported_is_named_as_the_cause(pytester, at_import: bool) -> None:
+    # every rank starts as a copy of a process that imported the conftest: its group comes along
+    pytester.makeconftest(
+        f"""
+        import pytest
+        import torch.distributed as dist
+
+        def start():
+            dist.init_process_group("gloo", init_method="file://{pytester.path}/store", rank=0, world_size=1)
+
+        if {at_import}:
+            start()
+
+        @pytest.fixture(scope="session")
+        def single():  # the same group, in a fixture of the pytest process: the ranks never see it
+            start()
+            yield
+            dist.destroy_process_group()
+        """
+    )
+    pytester.makepyfile(
+        test_inherited="""
+        import pytest
+        import torch.distributed as dist
+
+        def test_plain(single):
+            assert dist.get_world_size() == 1
+
+        @pytest.mark.multirank(world_size=2)
+        def test_ranks(rank):
+            dist.barrier()
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--ddp-leaks=off")
+    if not at_import:
+        result.assert_outcomes(passed=2)
+        return
+    result.assert_outcomes(errors=2)  # (the plain test's fixture finds the group there already)
+    result.stdout.fnmatch_lines(
+        [
+            "*rank 0: failed in fixture setup: RuntimeError: a default process group existed before the rank set its"
+            " own up: code the test's files run as they are imported (a conftest, the test module) called"
+            " init_process_group*",
+        ]
+    )

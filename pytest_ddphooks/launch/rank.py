@@ -260,6 +260,14 @@ class _SetUp:
 _leave = os._exit
 
 
+INHERITED_GROUP = (
+    "a default process group existed before the rank set its own up: code the test's files run as"
+    " they are imported (a conftest, the test module) called init_process_group, and every rank"
+    " starts as a copy of a process that imported them; initialise the group in a fixture or in"
+    " the test instead"
+)
+
+
 def _harness_failure(rank: int, exc: BaseException) -> RankResult:
     return RankResult(
         rank,
@@ -293,8 +301,11 @@ def _set_up(job: Job, rank: int, port: int, listener: Any) -> _SetUp:
         limit = job.group_limit
         if rank != 0:
             procs.retire(listener.fileno())  # rank 0's store serves it: no other copy may accept
-        raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
         import torch.distributed as dist
+
+        if dist.is_initialized():
+            raise RuntimeError(INHERITED_GROUP)
+        raw_store = rendezvous.store(rank, job.world_size, port, listener.fileno() if rank == 0 else None, limit)
 
         state.store = dist.PrefixStore("ddphooks/", raw_store)
         recorder._exchange = _exchanger(state.store, rank, job.world_size)

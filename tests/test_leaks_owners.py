@@ -431,3 +431,32 @@ def test_what_a_wider_fixtures_teardown_leaves_is_named_and_cleaned_up(pytester,
     )
     result.stdout.no_fnmatch_line("*MASTER_ADDR*")
     result.stdout.no_fnmatch_line("*WORLD_SIZE*")
+
+
+def test_a_teardown_that_puts_back_what_another_scopes_fixture_set_leaves_nothing(pytester) -> None:
+    # the session fixture's value is what the module fixture's teardown must leave, not the
+    # state before the test that set both up (that once reported it, and deleted it)
+    pytester.makeconftest(
+        """
+        import os
+        import pytest
+
+        @pytest.fixture(scope="session", autouse=True)
+        def dist_defaults():
+            os.environ["MASTER_PORT"] = "29500"
+            yield
+            os.environ.pop("MASTER_PORT", None)
+
+        @pytest.fixture(scope="module")
+        def free_port():
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("MASTER_PORT", "29777")
+                yield 29777
+        """
+    )
+    pytester.makepyfile(
+        test_1="import os\ndef test_uses_port(free_port):\n    assert os.environ['MASTER_PORT'] == '29777'\n",
+        test_2="import os\ndef test_default():\n    assert os.environ['MASTER_PORT'] == '29500'\n",
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)

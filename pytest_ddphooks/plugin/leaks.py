@@ -114,9 +114,9 @@ class LeakHooks:
         self.pending: list[_Pending] = []
         self.allowed_processes: list[Leak] = []  # allowed leaks that still end with the session
         self.scope_ending: Snapshot | None = None  # taken as a wider scope's teardown begins
-        # scope node -> the snapshot before its first fixture was set up (what its teardown must
-        # leave as it was: undoing its setup is no leak); insertion order is setup order
-        self._scope_began: dict[Any, Snapshot] = {}
+        # wider-scoped fixture (alive) -> the snapshot just before its setup: what its teardown
+        # must leave as it was (undoing its setup is no leak); in the order they were set up
+        self._fixture_before: dict[Any, Snapshot] = {}
         self.session_report: list[str] = []
         self.relaunched = spmd.relaunched_rank() is not None
         self.late = ddp.late_leaks  # filled by the multirank hooks as the session ends
@@ -144,6 +144,8 @@ class LeakHooks:
             with coverage_relay.HarnessWork():
                 made = [lk for lk in self.guard.find(before) if not any(lk.same(m) for m in inner)]
             self._made_by[fixturedef] = made
+            self._fixture_before.pop(fixturedef, None)  # set up again: last in the order
+            self._fixture_before[fixturedef] = before
             self._set_up.append(fixturedef)
             if self._inner_made:  # fetched inside another fixture's setup (request.getfixturevalue)
                 self._inner_made[-1].extend(inner + made)
@@ -215,8 +217,6 @@ class LeakHooks:
                 item.stash[SCOPED_KEY] = made
                 with coverage_relay.HarnessWork():
                     item.stash[AFTER_SETUP_KEY] = self.guard.snapshot()
-                for fd in made:
-                    self._scope_began.setdefault(self._scope_node(item, fd.scope), item.stash[BEFORE_KEY])
                 self._snapshot_when_scopes_end(item, made)
 
     def _snapshot_when_scopes_end(self, item: pytest.Item, fixtures: list[Any]) -> None:
@@ -357,18 +357,17 @@ class LeakHooks:
         self._report(item, rank_leaks + self.guard.clean(own, before), ended, before)
 
     def _left_by_scope_teardown(self, item: pytest.Item, ending: Snapshot | None) -> list[tuple[str, list[Outcome]]]:
-        """What the teardown of the wider scopes that ended with this test left behind: new
-        since it began (``ending``), and not as it was before their first fixture was set up
+        """What the teardown of the wider-scoped fixtures that ended with this test left behind:
+        new since it began (``ending``), and not as it was before the first of them was set up
         (a variable put back, a server stopped, is no leak). Judged against that earlier state,
         and cleaned up to it."""
-        live = _live_scopes(item.session)
-        ended = [node for node in self._scope_began if live is None or node not in live]
+        ended = [fd for fd in self._fixture_before if fd.cached_result is None]
         if not ended:
             return []
-        began = self._scope_began[ended[0]]  # the earliest set up: the outermost that ended
-        for node in ended:
-            del self._scope_began[node]
-        if ending is None:  # no look as its teardown began: nothing to tell it by
+        began = self._fixture_before[ended[0]]  # the first of them set up
+        for fd in ended:
+            del self._fixture_before[fd]
+        if ending is None:  # torn down for its next parameter, or no look as its teardown began
             return []
         now = self.guard.snapshot()
         new = self.guard.find(ending, now)
@@ -383,11 +382,10 @@ class LeakHooks:
         still = self.guard.settle(began, made, holders=(item,))
         if not still:
             return []
-        values = item.stash.get(WIDER_KEY, None) or {}
         owners = [
-            f"{name!r} ({fd.scope} scope)"
-            for name, (fd, _) in values.items()
-            if fd.cached_result is None and self._scope_node(item, fd.scope) in ended
+            f"{fd.argname!r} ({fd.scope} scope)"
+            for fd in ended
+            if not (getattr(fd.func, "__module__", "") or "").startswith("_pytest")
         ]
         owner = ("fixture " + ", ".join(owners)) if owners else "the teardown of the scope that ended"
         head = f"{owner}, torn down after {item.nodeid}, left behind in its teardown"
